@@ -1,0 +1,124 @@
+"""Probe overhead per step, as a fraction of a ~5 ms CPU training step.
+
+Two measurements in one run:
+  1. the probe's own cost: `with p.step(): ...; p.log(...)` around no work, many times;
+  2. a paired A/B of a real ~5 ms torch step with the no-op recorder vs the real probe
+     (interleaved blocks, so drift cancels), as a sanity check on (1).
+Receipts go to a FIFO drained by another process, as under the runner.
+
+    python benchmarks/probe_overhead.py [--steps 3000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import subprocess
+import time
+
+import torch
+
+from infrarsi.probe import NullProbe, Probe
+
+
+
+
+def make_job():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(2)])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 128)
+
+    def step():
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss, gn
+
+    return model, step
+
+
+def calibrate(step) -> int:
+    """Work units per step so that one step takes about 5 ms."""
+    for _ in range(20):
+        step()  # warm up allocator and kernels first
+    start = time.perf_counter()
+    for _ in range(50):
+        step()
+    per = (time.perf_counter() - start) / 50
+    return max(1, round(0.005 / per))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--blocks", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    folder = tempfile.mkdtemp()
+    fifo = os.path.join(folder, "receipts.fifo")
+    os.mkfifo(fifo)
+    # Another process drains the FIFO, as the runner does; a thread here would contend for the GIL.
+    reader = subprocess.Popen(["cat", fifo], stdout=subprocess.DEVNULL)
+    model, step = make_job()
+    probe = Probe(fifo, total_steps=None)
+    probe.watch(model)
+
+    # 1. the probe's own cost per step
+    start = time.perf_counter_ns()
+    for i in range(1, args.steps + 1):
+        with probe.step(i, tokens=64):
+            pass
+        probe.log(i, loss=1.0, grad_norm=1.0)
+    own_s = (time.perf_counter_ns() - start) / 1e9 / args.steps
+
+    # 2. paired blocks of real ~5 ms steps
+    units = calibrate(step)
+    null = NullProbe()
+
+    def block(p, n=40):
+        t = time.perf_counter()
+        for i in range(1, n + 1):
+            with p.step(i, tokens=64):
+                for _ in range(units):
+                    loss, gn = step()
+            p.log(i, loss=loss.item(), grad_norm=gn.item())
+        return (time.perf_counter() - t) / n
+
+    ratios, step_times = [], []
+    for index in range(args.blocks):
+        # ABBA order: whichever block runs second in a pair is not always the probe's.
+        if index % 2 == 0:
+            a, b = block(null), block(probe)
+        else:
+            b, a = block(probe), block(null)
+        ratios.append(b / a)
+        step_times.append(a)
+    probe.close()
+    reader.wait(timeout=10)
+
+    step_s = statistics.median(step_times)
+    result = {
+        "probe_cost_us_per_step": round(own_s * 1e6, 2),
+        "step_ms": round(step_s * 1e3, 3),
+        "overhead_fraction": round(own_s / step_s, 5),
+        "ab_ratio_median": round(statistics.median(ratios), 4),
+        "ab_blocks": args.blocks,
+        "goal": "overhead_fraction < 0.01",
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:24} {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Bundled CPU workloads: the demo's default."""

@@ -1,0 +1,115 @@
+"""`infrarsi demo`: the bundled workload taken through every stage built so far.
+
+Today: init, baseline, and a handful of runs that show what the runner records:
+real speed patches, an out-of-memory cliff, and the combination that gets past it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+from infrarsi._candidate import UsageError
+
+__all__ = ["demo", "copy_workload", "DEMO_RUNS"]
+
+DEFAULT_DIR = "infrarsi-demo"
+
+# (label, knob settings, patches): each is skipped if the contract lacks what it names.
+DEMO_RUNS: list[tuple[str, dict[str, str], list[str]]] = [
+    ("the speed patch alone", {}, ["batched-heads"]),
+    ("sdpa attention", {"attention": "sdpa"}, []),
+    ("recomputation off alone", {"checkpoint": "off"}, []),
+    ("recomputation off + smaller micro-batch", {"checkpoint": "off", "micro_batch": "8"}, []),
+    ("two threads + foreach optimizer", {"threads": "2", "foreach": "1"}, []),
+]
+
+
+def copy_workload(dest: Path, name: str = "tinygpt") -> Path:
+    """Copy a bundled example workload to ``dest``; returns the contract path."""
+    source = resources.files("infrarsi.examples") / name
+    with resources.as_file(source) as folder:
+        shutil.copytree(folder, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "README.md"),
+                        dirs_exist_ok=True)
+    return dest / "infrarsi.toml"
+
+
+def _pick_dir(requested: str | None) -> Path:
+    if requested is not None:
+        path = Path(requested)
+        if path.exists() and any(path.iterdir()):
+            raise UsageError(f"--dir {requested}: the folder exists and is not empty; pick a new one")
+        return path
+    path, n = Path(DEFAULT_DIR), 1
+    while path.exists():  # never overwrite an earlier demo: its ledger is evidence too
+        n += 1
+        path = Path(f"{DEFAULT_DIR}-{n}")
+    return path
+
+
+def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> dict:
+    """Copy the bundled workload and take it through init, baseline and a few runs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from infrarsi._baseline import BaselineFailed, baseline
+    from infrarsi._contract import load_contract
+    from infrarsi._workspace import init, run
+
+    console = Console(stderr=True, quiet=quiet)
+    folder = _pick_dir(directory)
+    contract_path = copy_workload(folder)
+    contract = load_contract(contract_path)
+    console.print(f"[bold]1/3 define[/]: copied the bundled workload to {folder}/ and ran `infrarsi init`")
+    result = init(contract_path)
+    console.print(f"    pinned {len(result.pinned)} file(s) in a signed manifest; ledger {result.ledger}")
+
+    console.print(f"[bold]2/3 diagnose[/]: `infrarsi baseline --runs {runs}`")
+    report: dict = {"dir": str(folder), "ledger": str(result.ledger), "ok": False, "runs": []}
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        from infrarsi._progress import ProgressBar
+
+        bar = ProgressBar("baseline")
+    try:
+        if bar:
+            with bar:
+                summary = baseline(contract_path, runs=runs, progress=bar.update)
+        else:
+            summary = baseline(contract_path, runs=runs)
+    except BaselineFailed as exc:
+        console.print(f"[red]baseline failed[/]: {exc}")
+        report["error"] = str(exc)
+        return report
+    base = summary.step_time_s["median"]
+    report["baseline"] = summary.to_json()
+    console.print(f"    step {base * 1e3:.1f} ms (CV {summary.step_time_s['cv'] * 100:.1f}%), "
+                  f"{summary.tokens_per_s:,.0f} tokens/s, peak {summary.peak_mem_mb:.0f} MB "
+                  f"of {contract.resources.memory_limit_mb:.0f} MB, MFU {(summary.mfu or 0) * 100:.2f}%")
+
+    console.print("[bold]3/3 explore[/]: single executions with `infrarsi run` (not yet verified: "
+                  "no A/B, no checks; `infrarsi verify` comes next)")
+    table = Table("execution", "candidate", "status", "step ms", "vs baseline", "peak MB")
+    for label, sets, patches in DEMO_RUNS:
+        if any(k not in contract.knobs or v not in contract.knobs[k].choices for k, v in sets.items()) \
+                or any(contract.patch(p) is None for p in patches):
+            continue
+        outcome = run(contract_path, sets=sets, patches=patches)
+        ratio = base / outcome.step_time_s if outcome.step_time_s else None
+        report["runs"].append({"label": label, **outcome.to_json(), "candidate": outcome.candidate,
+                               "speedup_single_run": ratio})
+        table.add_row(str(outcome.execution), label, outcome.status,
+                      f"{outcome.step_time_s * 1e3:.1f}" if outcome.step_time_s else "—",
+                      f"{ratio:.2f}x" if ratio else "—",
+                      f"{outcome.peak_mem_mb:.0f}" if outcome.peak_mem_mb
+                      else (f"> {contract.resources.memory_limit_mb:.0f}" if outcome.status == "oom" else "—"))
+    console.print(table)
+    console.print("what to look at next:\n"
+                  f"  - the ledger: sqlite3 {result.ledger} 'select id, kind, status, step_time_s, "
+                  f"peak_mem_mb, detail from executions'\n"
+                  f"  - one more run: cd {folder} && infrarsi run --set KNOB=VALUE --patch NAME\n"
+                  "  - single runs are not evidence of a speedup: the A/B verification stage is next")
+    report["ok"] = True
+    return report

@@ -1,0 +1,229 @@
+"""Starting one workload process: process group, memory guard, timeout, external clock.
+
+Everything here observes from outside the workload. Receipt lines arrive through
+a FIFO the runner owns and are stamped with the runner's monotonic clock the
+moment they are read; stdout lines are stamped the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["LaunchSpec", "LaunchResult", "launch", "tree_rss_bytes", "GUARD_INTERVAL_S"]
+
+GUARD_INTERVAL_S = 0.010  # the issue asks for at least every 20 ms
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_OOM_MARKERS = ("torch.OutOfMemoryError", "CUDA out of memory", "torch.cuda.OutOfMemoryError",
+                "DefaultCPUAllocator: can't allocate memory")
+_STDERR_TAIL = 8000
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    timeout_s: float
+    memory_limit_bytes: int
+    receipts_fifo: Path | None = None
+
+
+@dataclass
+class LaunchResult:
+    status: str                      # ok | oom | crash | timeout
+    detail: str
+    exit_code: int | None
+    started_ns: int
+    ended_ns: int
+    peak_rss_bytes: int              # highest tree RSS seen, or the kernel's high-water mark
+    guard_samples: int
+    receipt_lines: list[tuple[int, str]] = field(default_factory=list)
+    stdout_lines: list[tuple[int, str]] = field(default_factory=list)
+    stderr_tail: str = ""
+
+    @property
+    def wall_s(self) -> float:
+        return (self.ended_ns - self.started_ns) / 1e9
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                out.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    seen, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.append(current)
+        stack.extend(_children(current))
+    return seen
+
+
+def tree_rss_bytes(pid: int) -> tuple[int, list[int]]:
+    """Resident bytes of ``pid`` and all its descendants, and their pids."""
+    pids = _tree(pid)
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/statm") as handle:
+                total += int(handle.read().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            continue
+    return total, pids
+
+
+class _LineReader(threading.Thread):
+    """Reads a byte stream and stamps each complete line's arrival."""
+
+    def __init__(self, fd: int, keep_lines: bool, keep_tail: int = 0) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.keep_lines = fd, keep_lines
+        self.lines: list[tuple[int, str]] = []
+        self.tail: deque[str] = deque(maxlen=max(1, keep_tail // 80))
+        self.keep_tail = keep_tail
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        pending = b""
+        while True:
+            ready, _, _ = select.select([self.fd], [], [], 0.05)
+            if not ready:
+                if self.stop.is_set():
+                    break
+                continue
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                if self.stop.is_set():
+                    break
+                continue
+            except OSError:
+                break
+            stamp = time.monotonic_ns()
+            if not chunk:
+                break
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for raw in complete:
+                text = raw.decode("utf-8", "replace")
+                if self.keep_lines:
+                    self.lines.append((stamp, text))
+                if self.keep_tail:
+                    self.tail.append(text)
+        if pending and self.keep_tail:
+            self.tail.append(pending.decode("utf-8", "replace"))
+
+    def tail_text(self) -> str:
+        return "\n".join(self.tail)[-self.keep_tail:]
+
+
+def _kill_tree(pgid: int, pids: list[int]) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in pids:  # descendants that left the group (setsid) are killed too
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def launch(spec: LaunchSpec) -> LaunchResult:
+    """Run one workload to its end, and return what was seen from outside."""
+    fifo_fd = fifo_keepalive = None
+    if spec.receipts_fifo is not None:
+        os.mkfifo(spec.receipts_fifo, 0o600)
+        fifo_fd = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
+        # Holding a write end ourselves means the reader never sees EOF before the
+        # workload opens the FIFO, or between its opens.
+        fifo_keepalive = os.open(spec.receipts_fifo, os.O_WRONLY)
+    started = time.monotonic_ns()
+    proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    readers = {"out": _LineReader(proc.stdout.fileno(), keep_lines=True),
+               "err": _LineReader(proc.stderr.fileno(), keep_lines=False, keep_tail=_STDERR_TAIL)}
+    if fifo_fd is not None:
+        readers["receipts"] = _LineReader(fifo_fd, keep_lines=True)
+    for reader in readers.values():
+        reader.start()
+
+    deadline = started + int(spec.timeout_s * 1e9)
+    peak, samples, status, detail = 0, 0, None, ""
+    wait_status, kernel_maxrss = None, 0
+    pids: list[int] = [proc.pid]
+    while True:
+        pid, wstatus, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            wait_status, kernel_maxrss = wstatus, usage.ru_maxrss * 1024
+            break
+        rss, pids = tree_rss_bytes(proc.pid)
+        samples += 1
+        peak = max(peak, rss)
+        if rss > spec.memory_limit_bytes:
+            status = "oom"
+            detail = (f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
+                      f"(killed when the process tree's RSS reached {rss / 2**20:.0f} MB)")
+        elif time.monotonic_ns() > deadline:
+            status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
+        if status:
+            _kill_tree(proc.pid, pids)
+            _, wait_status, usage = os.wait4(proc.pid, 0)
+            kernel_maxrss = usage.ru_maxrss * 1024
+            break
+        time.sleep(GUARD_INTERVAL_S)
+    ended = time.monotonic_ns()
+    proc.returncode = os.waitstatus_to_exitcode(wait_status)
+    _kill_tree(proc.pid, pids)  # nothing the job started outlives it
+    if fifo_keepalive is not None:
+        os.close(fifo_keepalive)
+    for reader in readers.values():
+        reader.stop.set()
+        reader.join(timeout=5)
+    proc.stdout.close()
+    proc.stderr.close()
+    if fifo_fd is not None:
+        os.close(fifo_fd)
+
+    stderr_tail = readers["err"].tail_text()
+    exit_code = proc.returncode
+    if status is None:
+        if any(marker in stderr_tail for marker in _OOM_MARKERS):
+            status, detail = "oom", "the job reported out of memory: " + _last_line(stderr_tail)
+        elif exit_code == 0:
+            status = "ok"
+        else:
+            how = f"signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
+            status, detail = "crash", f"{how}: {_last_line(stderr_tail) or 'no stderr'}"
+    return LaunchResult(status=status, detail=detail, exit_code=exit_code, started_ns=started,
+                        ended_ns=ended,
+                        peak_rss_bytes=peak if status == "oom" else max(peak, kernel_maxrss),
+                        guard_samples=samples,
+                        receipt_lines=readers["receipts"].lines if "receipts" in readers else [],
+                        stdout_lines=readers["out"].lines, stderr_tail=stderr_tail)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""

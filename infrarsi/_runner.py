@@ -1,0 +1,177 @@
+"""One execution: sandbox copy, patches, launch, and the evidence it leaves.
+
+The runner never writes the ledger; it hands an :class:`ExecutionResult` to the
+driver, which records it. Executors sit behind :class:`Executor`, so a cluster
+executor can replace :class:`LocalExecutor` with one constructor call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from infrarsi._candidate import Candidate
+from infrarsi._contract import Contract
+from infrarsi._environment import workload_env
+from infrarsi._fingerprint import environment_fingerprint
+from infrarsi._hashing import diff_hashes, hash_framework, hash_protected
+from infrarsi._launch import GUARD_INTERVAL_S, LaunchSpec, launch
+from infrarsi._patch import PatchParseError, parse_patch
+from infrarsi._receipts import parse_receipts
+from infrarsi._sandbox import PatchRejected, make_sandbox
+from infrarsi.probe import RECEIPTS_ENV, STEPS_ENV
+
+__all__ = ["ExecutionResult", "Executor", "LocalExecutor", "build_argv"]
+
+
+@dataclass
+class ExecutionResult:
+    candidate: Candidate
+    status: str
+    detail: str = ""
+    exit_code: int | None = None
+    step_time_s: float | None = None
+    peak_mem_mb: float | None = None
+    device_s: float = 0.0
+    wall_s: float = 0.0
+    stderr_tail: str = ""
+    receipts: bytes = b""
+    evidence: dict = field(default_factory=dict)
+    sources: dict[str, bytes] = field(default_factory=dict)
+
+
+class Executor(Protocol):
+    def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate) -> ExecutionResult: ...
+
+
+def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dict[str, str]]:
+    """The command line and knob environment for ``candidate``."""
+    command = list(contract.task.command)
+    if command[0] == "python":
+        command[0] = sys.executable
+        if contract.task.evidence == "auto":
+            command[1:1] = ["-m", "infrarsi.autoprobe"]
+    env: dict[str, str] = {}
+    for name, value in candidate.knobs.items():
+        knob = contract.knobs[name]
+        if knob.flag:
+            command += [knob.flag, value]
+        else:
+            env[knob.env] = value
+    return command, env
+
+
+class LocalExecutor:
+    """Runs executions one at a time on this machine."""
+
+    def __init__(self, keep_sandbox: bool = False) -> None:
+        self.keep_sandbox = keep_sandbox
+        self._framework = hash_framework()
+
+    def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate) -> ExecutionResult:
+        """Execute ``candidate``; ``pinned`` is the manifest's {path: sha256}."""
+        sources = self._sources(contract, candidate)
+        box = make_sandbox(contract.workspace)
+        try:
+            before = hash_protected(box.workspace, contract.protected_globs)
+            try:
+                for patch in candidate.patches:
+                    box.apply(patch.name, patch.text)
+            except PatchRejected as exc:
+                return ExecutionResult(candidate, "rejected", detail=str(exc), sources=sources,
+                                       evidence={"version": 1, "rejected": exc.message,
+                                                 "fingerprint": environment_fingerprint()})
+            return self._launch(contract, pinned, candidate, box, before, sources)
+        finally:
+            if not self.keep_sandbox:
+                box.remove()
+
+    def _sources(self, contract: Contract, candidate: Candidate) -> dict[str, bytes]:
+        """The pre-images of every file the patches touch, as they are in the workspace."""
+        out: dict[str, bytes] = {}
+        for patch in candidate.patches:
+            try:
+                changes = parse_patch(patch.text)
+            except PatchParseError:
+                continue
+            for change in changes:
+                if change.old is None:
+                    continue
+                path = contract.workspace / change.old
+                if path.is_file() and path.resolve().is_relative_to(contract.workspace.resolve()):
+                    out[change.old] = path.read_bytes()
+        return out
+
+    def _launch(self, contract, pinned, candidate, box, before, sources) -> ExecutionResult:
+        argv, knob_env = build_argv(contract, candidate)
+        log_mode = contract.task.evidence == "log"
+        extra = dict(knob_env)
+        extra[STEPS_ENV] = str(contract.total_steps)
+        if not log_mode:
+            extra[RECEIPTS_ENV] = str(box.receipts)
+        env = workload_env(os.environ, home=str(box.home), extra=extra)
+        limit = int(contract.resources.memory_limit_mb * 2**20)
+        seen = launch(LaunchSpec(argv=argv, cwd=box.workspace, env=env, timeout_s=contract.task.timeout_s,
+                                 memory_limit_bytes=limit,
+                                 receipts_fifo=None if log_mode else box.receipts))
+
+        if log_mode:
+            from infrarsi._logevidence import receipts_from_log
+
+            patterns = {k: re.compile(v) for k, v in contract.log_patterns.items()}
+            records = receipts_from_log(seen.stdout_lines, patterns, seen.started_ns)
+            lines = [json.dumps(r, separators=(",", ":")) for r in records]
+            arrivals = [r["t1_ns"] for r in records]
+        else:
+            lines = [text for _, text in seen.receipt_lines]
+            arrivals = [stamp for stamp, _ in seen.receipt_lines]
+        receipts = parse_receipts(lines)
+
+        after = hash_protected(box.workspace, contract.protected_globs)
+        framework_after = hash_framework()
+        integrity = {
+            "protected_changed_before_run": diff_hashes(pinned, before),
+            "protected_changed_by_run": diff_hashes(before, after),
+            "protected_after": after,
+            "framework_changed": diff_hashes(self._framework, framework_after),
+        }
+        evidence = {
+            "version": 1,
+            "argv": [os.path.basename(argv[0])] + argv[1:],
+            "knob_env": knob_env,
+            "evidence_kind": contract.task.evidence,
+            "started_ns": seen.started_ns,
+            "ended_ns": seen.ended_ns,
+            "arrivals_ns": arrivals,
+            "stdout_lines": len(seen.stdout_lines),
+            "bad_receipt_lines": receipts.bad_lines,
+            "receipts_ended": receipts.ended,
+            "guard": {"interval_s": GUARD_INTERVAL_S, "samples": seen.guard_samples,
+                      "limit_bytes": limit, "peak_rss_bytes": seen.peak_rss_bytes,
+                      "censored": seen.status == "oom"},
+            "integrity": integrity,
+            "fingerprint": environment_fingerprint(),
+        }
+        if log_mode:
+            evidence["stdout"] = [[stamp, text] for stamp, text in seen.stdout_lines[:10000]]
+        step_time = receipts.median_step_time(contract.timing.warmup_steps, contract.timing.measure_steps)
+        detail = seen.detail
+        if seen.status == "ok" and step_time is None:
+            detail = (f"finished, but the receipts hold no complete measured window "
+                      f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps})")
+        changed = integrity["protected_changed_by_run"] + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
+        if changed:
+            detail = (detail + "; " if detail else "") + "changed at run time: " + ", ".join(changed)
+        return ExecutionResult(
+            candidate=candidate, status=seen.status, detail=detail, exit_code=seen.exit_code,
+            step_time_s=step_time if seen.status == "ok" else None,
+            # An oom gives a lower bound only ("more than the limit"), never a value.
+            peak_mem_mb=None if seen.status == "oom" else round(seen.peak_rss_bytes / 2**20, 1),
+            device_s=seen.wall_s, wall_s=seen.wall_s, stderr_tail=seen.stderr_tail,
+            receipts=("\n".join(lines) + "\n").encode() if lines else b"",
+            evidence=evidence, sources=sources)

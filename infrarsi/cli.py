@@ -1,0 +1,173 @@
+"""`infrarsi`: a thin command line over the library. Each verb parses, calls one function, reports.
+
+Exit codes (DESIGN.md): 0 success / accepted / clean, 1 rejected / findings /
+a run that did not succeed, 2 bad input. Nothing heavy is imported until a verb runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from infrarsi import __version__
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors exit 2 too, without a traceback
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"infrarsi: error: {message}\n")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--contract", default="infrarsi.toml",
+                        help="the task contract (default: ./infrarsi.toml); its folder is the workspace")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="infrarsi", description="Make training jobs faster without cheating: "
+                     "every promoted speedup comes with a full, signed receipt.")
+    parser.add_argument("--version", action="version", version=f"infrarsi {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+
+    p = verbs.add_parser("init", help="validate the contract, pin protected files, create key and ledger")
+    _common(p)
+    p.add_argument("--force", action="store_true", help="start a new ledger; the old state is archived")
+
+    p = verbs.add_parser("baseline", help="measure the original setup N times")
+    _common(p)
+    p.add_argument("--runs", type=int, default=5, help="number of runs (default 5)")
+
+    p = verbs.add_parser("run", help="one execution with knob settings and patches")
+    _common(p)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
+    p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
+
+    p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
+    p.add_argument("--dir", default=None, help="where to copy the workload (default: ./infrarsi-demo)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return parser
+
+
+def _emit(args, payload: dict, human: str) -> None:
+    if args.json:
+        print(json.dumps(payload, sort_keys=True))
+    else:
+        print(human)
+
+
+def _progress(args, label: str):
+    """A rich progress bar on a TTY; quiet under --json or when piped."""
+    if args.json or not sys.stderr.isatty():
+        return None
+    from infrarsi._progress import ProgressBar
+
+    return ProgressBar(label)
+
+
+def _cmd_init(args) -> int:
+    from infrarsi._workspace import init
+
+    result = init(args.contract, force=args.force)
+    lines = [f"initialised {result.state_dir}",
+             f"  ledger    {result.ledger}",
+             f"  manifest  {result.manifest} (sha256 {result.manifest_sha256[:16]}...)",
+             f"  pinned    {len(result.pinned)} file(s): {', '.join(sorted(result.pinned))}"]
+    if result.archived:
+        lines.append(f"  previous state archived in {result.archived}")
+    lines.append("next: infrarsi baseline")
+    _emit(args, result.to_json(), "\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_baseline(args) -> int:
+    from infrarsi._baseline import BaselineFailed, baseline
+
+    bar = _progress(args, "baseline")
+    try:
+        with bar or _Null():
+            summary = baseline(args.contract, runs=args.runs, progress=bar.update if bar else None)
+    except BaselineFailed as exc:
+        print(f"infrarsi: baseline failed: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"runs": 0, "error": str(exc).splitlines()[0]}))
+        return EXIT_REJECTED
+    st = summary.step_time_s
+    human = "\n".join([
+        f"baseline over {summary.runs} run(s) (executions {summary.executions[0]}..{summary.executions[-1]})",
+        f"  step time   {st['median'] * 1e3:.2f} ms median, CV {_pct(st['cv'])}, MAD {st['mad'] * 1e3:.3f} ms",
+        f"  within-run  CV {_pct(summary.within_run_cv)}",
+        f"  tokens/s    {_num(summary.tokens_per_s, '{:,.0f}')}",
+        f"  peak memory {_num(summary.peak_mem_mb, '{:.0f} MB')}",
+        f"  MFU         {_pct(summary.mfu)}",
+        f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
+    ])
+    _emit(args, summary.to_json(), human)
+    return EXIT_OK
+
+
+def _cmd_run(args) -> int:
+    from infrarsi._workspace import run
+
+    outcome = run(args.contract, sets=args.sets, patches=args.patches)
+    human = (f"execution {outcome.execution}: {outcome.status}"
+             + (f", step {outcome.step_time_s * 1e3:.2f} ms" if outcome.step_time_s else "")
+             + (f", peak {outcome.peak_mem_mb:.0f} MB" if outcome.peak_mem_mb else "")
+             + (f"\n  {outcome.detail}" if outcome.detail else ""))
+    _emit(args, outcome.to_json(), human)
+    return EXIT_OK if outcome.status == "ok" else EXIT_REJECTED
+
+
+def _cmd_demo(args) -> int:
+    from infrarsi._demo import demo
+
+    report = demo(args.dir, quiet=args.json)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    return EXIT_OK if report.get("ok") else EXIT_REJECTED
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value * 100:.2f}%"
+
+
+def _num(value, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+_COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "demo": _cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return EXIT_USAGE
+    from infrarsi._errors import usage_errors
+
+    try:
+        return _COMMANDS[args.verb](args)
+    except usage_errors() as exc:
+        print(f"infrarsi {args.verb}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"infrarsi {args.verb}: interrupted; every finished execution is in the ledger", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

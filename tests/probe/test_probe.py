@@ -1,0 +1,113 @@
+"""The probe: receipts format, precision evidence it observes itself, no-op without a runner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    import torch
+    from infrarsi import probe
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if os.environ.get("HALF") == "1":
+        model = model.to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = probe.from_env()
+    p.watch(model)
+    steps = p.total_steps or 3
+    p.meta(params=sum(t.numel() for t in model.parameters()), dtype="fp32")  # a declaration, not evidence
+    for step in range(1, steps + 1):
+        x = torch.randn(4, 8, dtype=next(model.parameters()).dtype)
+        with p.step(step, tokens=4):
+            if os.environ.get("AMP") == "1":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(x).float().pow(2).mean()
+            else:
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step(); opt.zero_grad(set_to_none=True)
+        p.log(step, loss=loss.item(), grad_norm=gn)
+    p.close()
+    print("done", steps)
+""")
+
+
+def run_script(tmp_path, **env):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    full_env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("INFRARSI_")}
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, str(script)], env=full_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_receipts_have_every_field_per_step(tmp_path):
+    out = tmp_path / "r.jsonl"
+    run_script(tmp_path, INFRARSI_RECEIPTS=str(out), INFRARSI_STEPS="5")
+    recs = records(out)
+    assert recs[0]["type"] == "meta" and recs[-1]["type"] == "end"
+    steps = [r for r in recs if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]  # INFRARSI_STEPS decides the length
+    for prev, rec in zip(steps, steps[1:]):
+        assert prev["t1_ns"] <= rec["t0_ns"]
+    for rec in steps:
+        assert rec["t0_ns"] < rec["t1_ns"]
+        assert rec["tokens"] == 4
+        assert isinstance(rec["loss"], float) and isinstance(rec["grad_norm"], float)
+        assert rec["peak_mem_bytes"] > 10 * 2**20  # the process high-water mark on CPU
+        assert rec["param_dtypes"] == ["float32"]
+        assert rec["autocast"] == []
+        assert rec["fp32_matmul"] == "highest"
+    declared = [r for r in recs if r.get("declared")]
+    assert declared[0]["declared"]["dtype"] == "fp32"
+
+
+def test_autocast_inside_the_step_is_observed(tmp_path):
+    out = tmp_path / "r.jsonl"
+    run_script(tmp_path, INFRARSI_RECEIPTS=str(out), INFRARSI_STEPS="2", AMP="1")
+    steps = [r for r in records(out) if r["type"] == "step"]
+    assert all(r["autocast"] == ["cpu:bfloat16"] for r in steps)
+
+
+def test_observed_dtypes_override_what_the_script_declares(tmp_path):
+    out = tmp_path / "r.jsonl"
+    run_script(tmp_path, INFRARSI_RECEIPTS=str(out), INFRARSI_STEPS="2", HALF="1")
+    recs = records(out)
+    steps = [r for r in recs if r["type"] == "step"]
+    assert all(r["param_dtypes"] == ["bfloat16"] for r in steps)
+    assert [r for r in recs if r.get("declared")][0]["declared"]["dtype"] == "fp32"  # the lie stays visible
+
+
+def test_without_a_runner_the_probe_is_a_no_op(tmp_path):
+    proc = run_script(tmp_path)
+    assert "done 3" in proc.stdout
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
+def test_importing_the_probe_loads_nothing_heavy():
+    code = "import sys; from infrarsi import probe; print(sorted(m for m in ('torch','numpy','rich','sqlite_utils') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_nested_steps_are_refused(tmp_path):
+    from infrarsi.probe import Probe
+
+    p = Probe(str(tmp_path / "r.jsonl"))
+    with pytest.raises(RuntimeError, match="cannot nest"):
+        with p.step(1):
+            with p.step(2):
+                pass
+    p.close()

@@ -1,0 +1,132 @@
+"""The runner with real subprocesses: every status, secrets, memory guard, tamper evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from infrarsi._candidate import resolve_candidate
+from infrarsi._contract import load_contract
+from infrarsi._hashing import hash_protected
+from infrarsi._receipts import parse_receipts
+from infrarsi._runner import LocalExecutor, build_argv
+
+
+@pytest.fixture
+def contract(toyjob):
+    return load_contract(toyjob / "infrarsi.toml")
+
+
+@pytest.fixture(scope="module")
+def executor():
+    return LocalExecutor()
+
+
+def execute(executor, contract, sets=None, patches=None):
+    pinned = hash_protected(contract.workspace, contract.protected_globs)
+    return executor.run(contract, pinned, resolve_candidate(contract, sets or {}, patches or []))
+
+
+def receipts_of(result):
+    return parse_receipts(result.receipts.decode().splitlines())
+
+
+def test_ok_run_has_complete_receipts_and_external_clock(executor, contract):
+    result = execute(executor, contract)
+    assert result.status == "ok", result.detail + result.stderr_tail
+    receipts = receipts_of(result)
+    assert [r["step"] for r in receipts.steps] == list(range(1, 9))
+    assert result.step_time_s == pytest.approx(0.005, rel=0.8)
+    assert result.peak_mem_mb and result.peak_mem_mb > 1
+    assert result.device_s > 0 and result.device_s == result.wall_s
+    arrivals = result.evidence["arrivals_ns"]
+    lines = result.receipts.decode().splitlines()
+    assert len(arrivals) == len(lines)
+    # The runner's clock stamps each step line after the probe closed that step.
+    for line, arrival in zip(lines, arrivals):
+        rec = json.loads(line)
+        if rec["type"] == "step":
+            assert rec["t1_ns"] <= arrival
+    assert arrivals == sorted(arrivals)
+    assert result.evidence["guard"]["samples"] >= 1
+
+
+def test_knobs_reach_the_job_as_flag_and_env(contract):
+    argv, env = build_argv(contract, resolve_candidate(contract, {"mode": "crash", "speed": "fast"}))
+    assert argv[0] == sys.executable  # "python" is the interpreter infrarsi runs under
+    assert argv[1:] == ["train.py", "--mode", "crash"]
+    assert env == {"TOY_SPEED": "fast"}
+
+
+def test_secrets_never_reach_the_workload(executor, contract, monkeypatch):
+    for name in ("OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_TOKEN",
+                 "DB_PASSWORD", "HF_TOKEN", "SOME_SECRET", "INFRARSI_SIGNING_KEY", "TORCH_API_KEY"):
+        monkeypatch.setenv(name, "hunter2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = execute(executor, contract, {"speed": "fast"})
+    assert result.status == "ok"
+    declared = receipts_of(result).declared()
+    names = set(declared["env_names"])
+    assert not names & {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_TOKEN",
+                        "DB_PASSWORD", "HF_TOKEN", "SOME_SECRET", "INFRARSI_SIGNING_KEY", "TORCH_API_KEY"}
+    assert {"INFRARSI_RECEIPTS", "INFRARSI_STEPS", "OMP_NUM_THREADS", "TOY_SPEED"} <= names
+    assert declared["speed"] == "fast"
+    assert declared["home"] != os.environ.get("HOME")
+
+
+def test_crash_keeps_stderr_tail(executor, contract):
+    result = execute(executor, contract, {"mode": "crash"})
+    assert result.status == "crash"
+    assert result.exit_code == 3
+    assert "about to fail" in result.stderr_tail and "exit code 3" in result.detail
+    assert result.device_s > 0
+
+
+def test_timeout_kills_the_process_group(executor, toyjob):
+    text = (toyjob / "infrarsi.toml").read_text().replace("timeout_s = 20", "timeout_s = 1.5")
+    (toyjob / "infrarsi.toml").write_text(text)
+    contract = load_contract(toyjob / "infrarsi.toml")
+    result = execute(executor, contract, {"mode": "child-hang"})
+    assert result.status == "timeout"
+    assert 1.5 <= result.wall_s < 10
+    assert "timeout" in result.detail
+
+
+def test_memory_guard_kills_and_records_a_lower_bound(executor, contract):
+    result = execute(executor, contract, {"mode": "oom"})
+    assert result.status == "oom", result.detail
+    assert result.peak_mem_mb is None  # a lower bound, not a value
+    assert "needs more than the limit of 400 MB" in result.detail
+    assert result.evidence["guard"]["censored"] is True
+    assert result.evidence["guard"]["peak_rss_bytes"] > 400 * 2**20
+    # Killed long before the job could have allocated its whole hoard (8 x 64 MB = 512 MB > 400).
+    assert result.wall_s < 15
+
+
+def test_patch_that_does_not_apply_is_rejected_with_gits_message(executor, contract):
+    result = execute(executor, contract, patches=["broken"])
+    assert result.status == "rejected"
+    assert "patch failed" in result.detail or "does not apply" in result.detail
+    assert result.device_s == 0.0
+
+
+def test_patch_applies_in_the_sandbox_only(executor, contract):
+    before = (contract.workspace / "train.py").read_text()
+    slow = execute(executor, contract)
+    fast = execute(executor, contract, patches=["faster"])
+    assert fast.status == "ok"
+    assert fast.step_time_s < slow.step_time_s
+    assert (contract.workspace / "train.py").read_text() == before
+    assert set(fast.sources) == {"train.py"} and fast.sources["train.py"] == before.encode()
+
+
+def test_protected_file_changed_at_run_time_is_recorded(executor, contract):
+    result = execute(executor, contract, {"mode": "tamper"})
+    integrity = result.evidence["integrity"]
+    assert integrity["protected_changed_by_run"] == ["data/protected.txt"]
+    assert integrity["protected_changed_before_run"] == []
+    assert "changed at run time: data/protected.txt" in result.detail
+    assert (contract.workspace / "data" / "protected.txt").read_text() == "pinned data\n"

@@ -1,0 +1,221 @@
+"""Contract parsing: every error names file, key and expectation; arbitrary TOML never tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from infrarsi import ContractError, load_contract
+from infrarsi._contract import parse_contract
+
+GOOD = """\
+[task]
+name = "toy"
+command = ["python", "train.py"]
+timeout_s = 60
+
+[scope]
+editable = ["model.py", "train.py"]
+protected = ["data/**", "eval.py"]
+
+[timing]
+warmup_steps = 2
+measure_steps = 5
+
+[numerics]
+loss_rtol = 1e-3
+precision = ["fp32"]
+
+[resources]
+memory_limit_mb = 2048
+peak_tflops = 0.5
+
+[knobs.attention]
+flag = "--attention"
+choices = ["manual", "sdpa"]
+baseline = "manual"
+
+[knobs.micro_batch]
+flag = "--micro-batch"
+choices = [4, 8]
+baseline = 8
+
+[knobs.compile]
+env = "TOY_COMPILE"
+choices = ["0", "1"]
+baseline = "0"
+
+[[patches]]
+name = "fast"
+file = "patches/fast.diff"
+"""
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "fast.diff").write_text("--- a/model.py\n+++ b/model.py\n")
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.bin").write_bytes(b"\0")
+    return tmp_path
+
+
+def write(ws: Path, text: str) -> Path:
+    path = ws / "infrarsi.toml"
+    path.write_text(text)
+    return path
+
+
+def test_good_contract_parses_into_typed_objects(workspace):
+    c = load_contract(write(workspace, GOOD))
+    assert c.task.command == ("python", "train.py")
+    assert c.task.evidence == "probe" and c.task.timeout_s == 60.0
+    assert c.total_steps == 7
+    assert c.knobs["micro_batch"].choices == ("4", "8") and c.knobs["micro_batch"].baseline == "8"
+    assert c.knobs["compile"].env == "TOY_COMPILE" and c.knobs["compile"].flag is None
+    assert c.patches[0].name == "fast" and c.patches[0].path.is_file()
+    assert c.numerics.require == ("loss", "grad_norm", "precision")  # the default: all required
+    assert c.search.ab_pairs == 5 and c.search.min_speedup == 1.02
+    assert "infrarsi.toml" in c.protected_globs
+    assert c.state_dir == workspace / ".infrarsi"
+    assert c.baseline_knobs() == {"attention": "manual", "micro_batch": "8", "compile": "0"}
+
+
+ERRORS = [
+    # (replace this, with this, key named in the error, words expected in the message)
+    ('timeout_s = 60', 'timeout_s = 60\ncolour = "red"', "task.colour", "unknown key"),
+    ('[timing]', '[timings]\nx = 1\n[timing]', "timings", "unknown section"),
+    ('timeout_s = 60', 'timeout_s = "60"', "task.timeout_s", "expected a finite number"),
+    ('warmup_steps = 2', 'warmup_steps = 2.5', "timing.warmup_steps", "expected an integer"),
+    ('warmup_steps = 2', 'warmup_steps = true', "timing.warmup_steps", "expected an integer"),
+    ('measure_steps = 5', 'measure_steps = 0', "timing.measure_steps", ">= 1"),
+    ('timeout_s = 60', 'timeout_s = -1', "task.timeout_s", "> 0"),
+    ('baseline = "manual"', 'baseline = "flash"', "knobs.attention.baseline", "one of the choices"),
+    ('flag = "--attention"', 'flag = "--attention"\nenv = "ATT"', "knobs.attention", "both"),
+    ('flag = "--attention"\n', '', "knobs.attention", "neither"),
+    ('env = "TOY_COMPILE"', 'env = "INFRARSI_STEPS"', "knobs.compile.env", "INFRARSI_"),
+    ('flag = "--micro-batch"', 'flag = "--attention"', "knobs.micro_batch.flag", "already set"),
+    ('choices = ["0", "1"]', 'choices = []', "knobs.compile.choices", "non-empty"),
+    ('choices = ["0", "1"]', 'choices = ["0", "0"]', "knobs.compile.choices", "distinct"),
+    ('file = "patches/fast.diff"', 'file = "patches/missing.diff"', "patches.file", "no such file"),
+    ('file = "patches/fast.diff"', 'file = "../outside.diff"', "patches.file", "leaves the workspace"),
+    ('protected = ["data/**", "eval.py"]', 'protected = ["data/**", "model.py"]', "scope.protected",
+     "both editable and protected"),
+    ('protected = ["data/**", "eval.py"]', 'protected = ["*.py"]', "scope.protected", "can't be both"),
+    ('editable = ["model.py", "train.py"]', 'editable = ["*.toml"]', "scope.editable", "always protected"),
+    ('editable = ["model.py", "train.py"]', 'editable = ["/etc/passwd"]', "scope.editable", "absolute"),
+    ('precision = ["fp32"]', 'precision = ["fp31"]', "numerics.precision", "one of fp32"),
+    ('loss_rtol = 1e-3', 'loss_rtol = 1e-3\nrequire = ["loss", "vibes"]', "numerics.require", "one of loss"),
+    ('peak_tflops = 0.5\n', '', "resources.peak_tflops", "missing required key"),
+    ('command = ["python", "train.py"]', 'command = []', "task.command", "non-empty"),
+    ('command = ["python", "train.py"]', 'command = "python train.py"', "task.command", "list of strings"),
+    ('timeout_s = 60', 'timeout_s = 60\nevidence = "log"', "[evidence.log]", "needs an [evidence.log]"),
+    ('timeout_s = 60', 'timeout_s = 60\nevidence = "magic"', "task.evidence", "one of probe"),
+    ('file = "patches/fast.diff"', 'file = "patches/fast.diff"\n[[patches]]\nname = "fast"\nfile = "patches/fast.diff"', "patches.name",
+     "duplicate"),
+]
+
+
+@pytest.mark.parametrize("old,new,key,words", ERRORS, ids=[e[2] + ":" + e[3] for e in ERRORS])
+def test_every_contract_error_names_file_key_and_expectation(workspace, old, new, key, words):
+    assert old in GOOD
+    path = write(workspace, GOOD.replace(old, new, 1))
+    with pytest.raises(ContractError) as info:
+        load_contract(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert key in message, message
+    assert words in message, message
+
+
+def test_error_carries_the_line_of_the_key(workspace):
+    text = GOOD.replace('measure_steps = 5', 'measure_steps = 0')
+    path = write(workspace, text)
+    with pytest.raises(ContractError) as info:
+        load_contract(path)
+    expected = text.splitlines().index("measure_steps = 0") + 1
+    assert info.value.line == expected
+    assert f"infrarsi.toml:{expected}:" in str(info.value)
+
+
+def test_log_evidence_patterns_are_validated(workspace):
+    base = GOOD.replace('timeout_s = 60', 'timeout_s = 60\nevidence = "log"')
+    ok = load_contract(write(workspace, base + "\n[evidence.log]\nstep = 'iter (\\d+)'\nloss = 'loss ([0-9.]+)'\n"))
+    assert ok.log_patterns == {"step": r"iter (\d+)", "loss": "loss ([0-9.]+)"}
+    with pytest.raises(ContractError, match="exactly one capture group"):
+        load_contract(write(workspace, base + "\n[evidence.log]\nstep = 'iter \\d+'\n"))
+    with pytest.raises(ContractError, match="evidence.log.loss.*regular expression"):
+        load_contract(write(workspace, base + "\n[evidence.log]\nstep = 'iter (\\d+)'\nloss = '(['\n"))
+
+
+def test_auto_evidence_needs_a_python_script(workspace):
+    text = GOOD.replace('command = ["python", "train.py"]', 'command = ["bash", "run.sh"]')
+    text = text.replace('timeout_s = 60', 'timeout_s = 60\nevidence = "auto"')
+    with pytest.raises(ContractError, match='evidence = "auto" needs'):
+        load_contract(write(workspace, text))
+
+
+def test_invalid_toml_and_missing_file(workspace):
+    with pytest.raises(ContractError, match="not valid TOML.*line 1"):
+        load_contract(write(workspace, "[task\nname = 1"))
+    with pytest.raises(ContractError, match="no such contract file"):
+        load_contract(workspace / "nope.toml")
+    (workspace / "infrarsi.toml").write_bytes(b"\xff\xfe[task]")
+    with pytest.raises(ContractError, match="UTF-8"):
+        load_contract(workspace / "infrarsi.toml")
+
+
+def test_cli_reports_a_contract_error_with_exit_2_and_no_traceback(workspace):
+    path = write(workspace, GOOD.replace('baseline = "manual"', 'baseline = "flash"'))
+    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "init", "--contract", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "knobs.attention.baseline" in proc.stderr and "infrarsi.toml" in proc.stderr
+
+
+_toml_values = st.recursive(
+    st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=8)),
+    lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def near_contracts(draw) -> str:
+    """Mostly-valid contracts with random keys, sections and values spliced in."""
+    lines = GOOD.splitlines()
+    for _ in range(draw(st.integers(0, 4))):
+        index = draw(st.integers(0, len(lines)))
+        key = draw(st.sampled_from(["name", "command", "timeout_s", "flag", "env", "choices", "baseline",
+                                    "editable", "protected", "warmup_steps", "measure_steps", "precision",
+                                    "require", "file", "memory_limit_mb", "x"]))
+        value = draw(_toml_values)
+        rendered = repr(value).replace("True", "true").replace("False", "false").replace("'", '"')
+        lines.insert(index, draw(st.sampled_from([f"{key} = {rendered}", f"[{key}]", f"[[{key}]]",
+                                                  f"[knobs.{key}]"])))
+    return "\n".join(lines)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=300), near_contracts()))
+def test_arbitrary_toml_never_tracebacks(workspace, text):
+    try:
+        contract = parse_contract(text, workspace / "infrarsi.toml")
+    except ContractError as exc:
+        assert str(exc).startswith(str(workspace / "infrarsi.toml"))
+    else:
+        assert contract.task.command
+
+
+def test_contract_reference_is_generated_from_the_schema():
+    from pathlib import Path
+
+    from infrarsi._docs import contract_reference
+
+    doc = Path(__file__).parent.parent / "docs" / "contract.md"
+    assert doc.read_text() == contract_reference(), "run: python -m infrarsi._docs > docs/contract.md"

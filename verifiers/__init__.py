@@ -1,0 +1,3 @@
+"""Pure judges: evidence in, verdict out. (The checks arrive with the verifiers issue.)"""
+
+__all__: list[str] = []
