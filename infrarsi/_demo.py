@@ -19,8 +19,9 @@ DEFAULT_DIR = "infrarsi-demo"
 
 # (label, knob settings, patches): each is skipped if the contract lacks what it names.
 DEMO_RUNS: list[tuple[str, dict[str, str], list[str]]] = [
-    ("the speed patch alone", {}, ["batched-heads"]),
     ("sdpa attention", {"attention": "sdpa"}, []),
+    ("batched heads alone (manual attention)", {}, ["batched-heads"]),
+    ("batched heads + sdpa", {"attention": "sdpa"}, ["batched-heads"]),
     ("recomputation off alone", {"checkpoint": "off"}, []),
     ("recomputation off + smaller micro-batch", {"checkpoint": "off", "micro_batch": "8"}, []),
     ("two threads + foreach optimizer", {"threads": "2", "foreach": "1"}, []),

@@ -173,26 +173,33 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     peak, samples, status, detail = 0, 0, None, ""
     wait_status, kernel_maxrss = None, 0
     pids: list[int] = [proc.pid]
-    while True:
-        pid, wstatus, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            wait_status, kernel_maxrss = wstatus, usage.ru_maxrss * 1024
-            break
-        rss, pids = tree_rss_bytes(proc.pid)
-        samples += 1
-        peak = max(peak, rss)
-        if rss > spec.memory_limit_bytes:
-            status = "oom"
-            detail = (f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
-                      f"(killed when the process tree's RSS reached {rss / 2**20:.0f} MB)")
-        elif time.monotonic_ns() > deadline:
-            status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
-        if status:
-            _kill_tree(proc.pid, pids)
-            _, wait_status, usage = os.wait4(proc.pid, 0)
-            kernel_maxrss = usage.ru_maxrss * 1024
-            break
-        time.sleep(GUARD_INTERVAL_S)
+    try:
+        while True:
+            pid, wstatus, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                wait_status, kernel_maxrss = wstatus, usage.ru_maxrss * 1024
+                break
+            rss, pids = tree_rss_bytes(proc.pid)
+            samples += 1
+            peak = max(peak, rss)
+            if rss > spec.memory_limit_bytes:
+                status = "oom"
+                detail = (f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
+                          f"(killed when the process tree's RSS reached {rss / 2**20:.0f} MB)")
+            elif time.monotonic_ns() > deadline:
+                status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
+            if status:
+                _kill_tree(proc.pid, pids)
+                _, wait_status, usage = os.wait4(proc.pid, 0)
+                kernel_maxrss = usage.ru_maxrss * 1024
+                break
+            time.sleep(GUARD_INTERVAL_S)
+    except BaseException:
+        # ^C or SIGTERM while the job runs: the job is in its own session, so it
+        # never saw the signal. Take the whole tree down before going.
+        _kill_tree(proc.pid, pids)
+        os.wait4(proc.pid, 0)
+        raise
     ended = time.monotonic_ns()
     proc.returncode = os.waitstatus_to_exitcode(wait_status)
     _kill_tree(proc.pid, pids)  # nothing the job started outlives it

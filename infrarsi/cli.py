@@ -157,15 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return EXIT_USAGE
+    import signal
+
     from infrarsi._errors import usage_errors
 
+    def _terminated(signum, frame):  # kill, timeout, Slurm, docker stop: clean up as for ^C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return _COMMANDS[args.verb](args)
     except usage_errors() as exc:
         print(f"infrarsi {args.verb}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"infrarsi {args.verb}: interrupted; every finished execution is in the ledger", file=sys.stderr)
+        print(f"infrarsi {args.verb}: interrupted; executions that finished before are in the ledger", file=sys.stderr)
         return 130
 
 

@@ -150,19 +150,12 @@ def test_sigint_while_the_workload_runs_keeps_the_ledger_and_exits_130(seeded, s
     assert_ledger_intact(seeded, before, added={0})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: infrarsi/_launch.py launch() has no try/finally around its wait loop, so a KeyboardInterrupt "
-    "leaves the workload (started with start_new_session=True, so the terminal's ^C never reaches it) "
-    "running; the sandbox it runs in is deleted under it"))
 def test_sigint_kills_the_workload(seeded, sandbox_tmp, workloads):
     (rc, _, _), workload = interrupt_hanging_run(seeded, sandbox_tmp, workloads, signal.SIGINT)
     assert rc == 130
     assert not alive(workload) or gone_soon(workload), f"workload {workload} orphaned by SIGINT"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: no SIGTERM handler (infrarsi/cli.py main), so `kill`, `timeout`, Slurm and docker stop end "
-    "infrarsi without cleanup: the workload is orphaned and the sandbox copy is left in TMPDIR"))
 def test_sigterm_kills_the_workload_and_removes_the_sandbox(seeded, sandbox_tmp, workloads):
     before = ledger_state(seeded)
     (rc, _, _), workload = interrupt_hanging_run(seeded, sandbox_tmp, workloads, signal.SIGTERM)

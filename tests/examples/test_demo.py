@@ -1,0 +1,36 @@
+"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline and runs.
+
+Real training runs in subprocesses; the statuses asserted here are the workload's
+calibration (the memory cliff and the combination that gets past it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from infrarsi.ledger import Ledger
+
+
+def test_demo_takes_tinygpt_through_every_stage(tmp_path):
+    folder = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "demo", "--dir", str(folder), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    assert report["baseline"]["runs"] == 3
+    assert report["baseline"]["step_time_s"]["median"] > 0
+    assert report["baseline"]["peak_mem_mb"] < 560
+    status = {run["label"]: run["status"] for run in report["runs"]}
+    assert status["recomputation off alone"] == "oom"
+    assert status["recomputation off + smaller micro-batch"] == "ok"
+    assert status["batched heads + sdpa"] == "ok"
+    assert status["sdpa attention"] == "ok"
+
+    manifest = json.loads((folder / ".infrarsi" / "manifest.json").read_text())
+    with Ledger.open(folder / ".infrarsi" / "ledger.db") as ledger:
+        rows = list(ledger.executions())
+        assert len(rows) == 3 + len(report["runs"])
+        assert ledger.verify_chain(trusted_public_hex=manifest["manifest"]["public_key"]).ok
