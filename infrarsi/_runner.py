@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,8 +122,7 @@ class LocalExecutor:
         if log_mode:
             from infrarsi._logevidence import receipts_from_log
 
-            patterns = {k: re.compile(v) for k, v in contract.log_patterns.items()}
-            records = receipts_from_log(seen.stdout_lines, patterns, seen.started_ns)
+            records = receipts_from_log(seen.stdout_lines, contract.log_patterns, seen.started_ns)
             lines = [json.dumps(r, separators=(",", ":")) for r in records]
             arrivals = [r["t1_ns"] for r in records]
         else:
