@@ -16,6 +16,8 @@ __all__ = [
     "init",
     "baseline",
     "run",
+    "verify",
+    "verify_receipt",
     "demo",
 ]
 
@@ -26,6 +28,8 @@ _LAZY = {
     "init": "infrarsi._workspace",
     "baseline": "infrarsi._baseline",
     "run": "infrarsi._workspace",
+    "verify": "infrarsi._verify",
+    "verify_receipt": "infrarsi._receipt",
     "demo": "infrarsi._demo",
 }
 

@@ -1,7 +1,8 @@
 """`infrarsi demo`: the bundled workload taken through every stage built so far.
 
-Today: init, baseline, and a handful of runs that show what the runner records:
-real speed patches, an out-of-memory cliff, and the combination that gets past it.
+Today: init, baseline, a handful of runs that show what the runner records (real
+speed patches, an out-of-memory cliff, the combination that gets past it), and
+`verify` of the best of them: every check, back-to-back A/B pairs, a signed receipt.
 """
 
 from __future__ import annotations
@@ -63,11 +64,11 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
     folder = _pick_dir(directory)
     contract_path = copy_workload(folder)
     contract = load_contract(contract_path)
-    console.print(f"[bold]1/3 define[/]: copied the bundled workload to {folder}/ and ran `infrarsi init`")
+    console.print(f"[bold]1/4 define[/]: copied the bundled workload to {folder}/ and ran `infrarsi init`")
     result = init(contract_path)
     console.print(f"    pinned {len(result.pinned)} file(s) in a signed manifest; ledger {result.ledger}")
 
-    console.print(f"[bold]2/3 diagnose[/]: `infrarsi baseline --runs {runs}`")
+    console.print(f"[bold]2/4 diagnose[/]: `infrarsi baseline --runs {runs}`")
     report: dict = {"dir": str(folder), "ledger": str(result.ledger), "ok": False, "runs": []}
     bar = None
     if not quiet and sys.stderr.isatty():
@@ -90,8 +91,8 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
                   f"{summary.tokens_per_s:,.0f} tokens/s, peak {summary.peak_mem_mb:.0f} MB "
                   f"of {contract.resources.memory_limit_mb:.0f} MB, MFU {(summary.mfu or 0) * 100:.2f}%")
 
-    console.print("[bold]3/3 explore[/]: single executions with `infrarsi run` (not yet verified: "
-                  "no A/B, no checks; `infrarsi verify` comes next)")
+    console.print("[bold]3/4 explore[/]: single executions with `infrarsi run` (not evidence yet: "
+                  "one run each, no checks)")
     table = Table("execution", "candidate", "status", "step ms", "vs baseline", "peak MB")
     for label, sets, patches in DEMO_RUNS:
         if any(k not in contract.knobs or v not in contract.knobs[k].choices for k, v in sets.items()) \
@@ -107,10 +108,44 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
                       f"{outcome.peak_mem_mb:.0f}" if outcome.peak_mem_mb
                       else (f"> {contract.resources.memory_limit_mb:.0f}" if outcome.status == "oom" else "—"))
     console.print(table)
+    report["verify"] = _verify_best(console, contract_path, contract, report["runs"])
     console.print("what to look at next:\n"
                   f"  - the ledger: sqlite3 {result.ledger} 'select id, kind, status, step_time_s, "
                   f"peak_mem_mb, detail from executions'\n"
                   f"  - one more run: cd {folder} && infrarsi run --set KNOB=VALUE --patch NAME\n"
-                  "  - single runs are not evidence of a speedup: the A/B verification stage is next")
+                  + (f"  - the receipt: infrarsi receipt verify {report['verify']['receipt']}"
+                     if report["verify"] and report["verify"]["receipt"] else "  - no receipt this time"))
     report["ok"] = True
     return report
+
+
+def _verify_best(console, contract_path: Path, contract, runs: list[dict]) -> dict | None:
+    """`infrarsi verify` on the fastest single run: checks, A/B pairs, a receipt if accepted."""
+    from infrarsi._verify import verify
+
+    done = [r for r in runs if r["status"] == "ok" and r["speedup_single_run"]]
+    if not done:
+        return None
+    best = max(done, key=lambda r: r["speedup_single_run"])
+    changed = {k: v for k, v in best["candidate"]["knobs"].items() if contract.knobs[k].baseline != v}
+    console.print(f"[bold]4/4 verify[/]: `infrarsi verify` on the fastest, {best['label']}: every check, "
+                  f"then {contract.search.ab_pairs} back-to-back A/B pairs")
+    bar = None
+    if sys.stderr.isatty() and not console.quiet:
+        from infrarsi._progress import ProgressBar
+
+        bar = ProgressBar("verify")
+    if bar:
+        with bar:
+            outcome = verify(contract_path, sets=changed, patches=best["candidate"]["patches"], progress=bar.update)
+    else:
+        outcome = verify(contract_path, sets=changed, patches=best["candidate"]["patches"])
+    failed = [c for c in outcome.checks if c.status != "pass"]
+    sp = outcome.speedup
+    console.print(f"    {'[green]ACCEPTED[/]' if outcome.accepted else '[red]REJECTED[/]'}: "
+                  f"{len(outcome.checks) - len(failed)}/{len(outcome.checks)} checks pass"
+                  + (f"; speedup {sp['median']:.2f}x, lower bound {sp['ci_low']:.2f}x" if sp else "")
+                  + (f"; receipt {outcome.receipt}" if outcome.receipt else ""))
+    for check in failed:
+        console.print(f"    {check.status} {check.id}: {check.detail}")
+    return outcome.to_json()

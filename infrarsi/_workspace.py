@@ -96,7 +96,8 @@ class Workspace:
         result = self.executor.run(self.contract, self.manifest.files, candidate)
         return self.record(result, kind, batch, seq), result
 
-    def record(self, result: ExecutionResult, kind: str, batch: str, seq: int = 0) -> int:
+    def record(self, result: ExecutionResult, kind: str, batch: str, seq: int = 0,
+               verdicts: list[dict] | None = None, rule_version: str | None = None) -> int:
         blobs: dict[str, tuple[bytes, str]] = {}
         patches = []
         for patch in result.candidate.patches:
@@ -123,6 +124,7 @@ class Workspace:
             "device_s": result.device_s, "wall_s": result.wall_s,
             "receipts_hash": receipts_hash, "evidence_hash": evidence_hash,
             "stderr_tail": result.stderr_tail[-4000:],
+            "verdicts": verdicts, "rule_version": rule_version,
         }, blobs=blobs)
 
 

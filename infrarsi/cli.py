@@ -48,6 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
     p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
 
+    p = verbs.add_parser("verify", help="full check of one candidate: scope, integrity, numerics, timing, A/B")
+    _common(p)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
+    p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
+    p.add_argument("--pairs", type=int, default=None, help="A/B pairs (default: the contract's ab_pairs)")
+
+    p = verbs.add_parser("receipt", help="check a receipt: `infrarsi receipt verify R.json`")
+    p.add_argument("action", choices=["verify"])
+    p.add_argument("path", metavar="RECEIPT.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
     p.add_argument("--dir", default=None, help="where to copy the workload (default: ./infrarsi-demo)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -106,9 +117,21 @@ def _cmd_baseline(args) -> int:
         f"  peak memory {_num(summary.peak_mem_mb, '{:.0f} MB')}",
         f"  MFU         {_pct(summary.mfu)}",
         f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
-    ])
+    ] + _detectable(args.contract, st["cv"]))
     _emit(args, summary.to_json(), human)
     return EXIT_OK
+
+
+def _detectable(contract_path, cv) -> list[str]:
+    """The smallest speedup `verify` can see at this noise (docs/verification.md)."""
+    if not cv:
+        return []
+    from infrarsi._contract import load_contract
+    from infrarsi.verifiers import min_detectable_speedup
+
+    search = load_contract(contract_path).search
+    smallest = min_detectable_speedup(cv, search.ab_pairs, search.min_speedup)
+    return [f"  detectable  speedups above about {smallest:.3f}x with ab_pairs = {search.ab_pairs} at this noise"]
 
 
 def _cmd_run(args) -> int:
@@ -121,6 +144,36 @@ def _cmd_run(args) -> int:
              + (f"\n  {outcome.detail}" if outcome.detail else ""))
     _emit(args, outcome.to_json(), human)
     return EXIT_OK if outcome.status == "ok" else EXIT_REJECTED
+
+
+def _cmd_verify(args) -> int:
+    from infrarsi._verify import verify
+
+    bar = _progress(args, "verify")
+    with bar or _Null():
+        outcome = verify(args.contract, sets=args.sets, patches=args.patches, pairs=args.pairs,
+                         progress=bar.update if bar else None)
+    width = max(len(c.id) for c in outcome.checks)
+    lines = [f"{'ACCEPTED' if outcome.accepted else 'REJECTED'}: knobs {outcome.candidate['knobs']}, "
+             f"patches {outcome.candidate['patches'] or 'none'}"]
+    lines += [f"  {c.status:9} {c.id:{width}}  {c.detail}" for c in outcome.checks]
+    if outcome.speedup:
+        sp = outcome.speedup
+        lines.append(f"  speedup {sp['median']:.3f}x, 95% CI [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]")
+    if outcome.receipt:
+        lines.append(f"  receipt {outcome.receipt}")
+    _emit(args, outcome.to_json(), "\n".join(lines))
+    return EXIT_OK if outcome.accepted else EXIT_REJECTED
+
+
+def _cmd_receipt(args) -> int:
+    from infrarsi._receipt import verify_receipt
+
+    check = verify_receipt(args.path)
+    human = (f"receipt {check.receipt_id}: valid" if check.ok
+             else "receipt INVALID:\n" + "\n".join(f"  {p}" for p in check.problems))
+    _emit(args, check.to_json(), human)
+    return EXIT_OK if check.ok else EXIT_REJECTED
 
 
 def _cmd_demo(args) -> int:
@@ -148,7 +201,8 @@ def _num(value, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-_COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "demo": _cmd_demo}
+_COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
+             "receipt": _cmd_receipt, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline and runs.
+"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline, runs and verify.
 
 Real training runs in subprocesses; the statuses asserted here are the workload's
 calibration (the memory cliff and the combination that gets past it).
@@ -29,8 +29,16 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     assert status["batched heads + sdpa"] == "ok"
     assert status["sdpa attention"] == "ok"
 
+    verified = report["verify"]
+    assert verified["candidate"]["patches"] == ["batched-heads"]
+    assert verified["accepted"] is True, verified["checks"]
+    assert all(c["status"] == "pass" for c in verified["checks"])
+    receipt = subprocess.run([sys.executable, "-m", "infrarsi.cli", "receipt", "verify", verified["receipt"]],
+                             capture_output=True, text=True, timeout=60)
+    assert receipt.returncode == 0, receipt.stdout
+
     manifest = json.loads((folder / ".infrarsi" / "manifest.json").read_text())
     with Ledger.open(folder / ".infrarsi" / "ledger.db") as ledger:
         rows = list(ledger.executions())
-        assert len(rows) == 3 + len(report["runs"])
+        assert len(rows) == 3 + len(report["runs"]) + 1 + 2 * 5
         assert ledger.verify_chain(trusted_public_hex=manifest["manifest"]["public_key"]).ok

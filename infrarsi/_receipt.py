@@ -1,0 +1,100 @@
+"""Receipts: the signed record of an accepted candidate, and checking one later."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from infrarsi.ledger import canonical_json, sha256_hex, verify_signature
+
+__all__ = ["write_receipt", "verify_receipt", "ReceiptCheck", "RECEIPT_VERSION"]
+
+RECEIPT_VERSION = 1
+
+
+def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
+                  baseline_summary) -> Path:
+    """Sign and write ``.infrarsi/receipts/<id>.json``; returns its path."""
+    from infrarsi._verify import REQUIRED_CHECKS
+    from infrarsi.verifiers import RULE_VERSION
+
+    body = {
+        "version": RECEIPT_VERSION,
+        "contract_sha256": ws.contract.sha256,
+        "manifest_sha256": ws.manifest.sha256,
+        "candidate": candidate.describe(),
+        "patches": [{"name": p.name, "sha256": p.sha256} for p in candidate.patches],
+        "patch_text_sha256": sha256_hex("".join(p.text for p in candidate.patches).encode()),
+        "knobs": dict(candidate.knobs),
+        "environment": fingerprint,
+        "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
+        "required_checks": list(REQUIRED_CHECKS),
+        "ab": {"order": "BAAB", "baseline_s": base_times, "candidate_s": cand_times},
+        "speedup": estimate.to_json(),
+        "baseline": {"step_time_s": baseline_summary.get("step_time_s"),
+                     "executions": baseline_summary.get("executions")},
+        "executions": executions,
+        "rule_version": RULE_VERSION,
+        "public_key": ws.key.public_hex,
+    }
+    receipt_id = sha256_hex(canonical_json(body))[:16]
+    signed = {"id": receipt_id, "receipt": body, "signature": ws.key.sign(canonical_json(body))}
+    folder = ws.contract.state_dir / "receipts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{receipt_id}.json"
+    path.write_text(json.dumps(signed, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class ReceiptCheck:
+    ok: bool
+    problems: list[str]
+    receipt_id: str | None
+    speedup: dict | None
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "problems": self.problems, "receipt": self.receipt_id, "speedup": self.speedup}
+
+
+def verify_receipt(path: str | Path, trusted_public_hex: str | None = None) -> ReceiptCheck:
+    """Signature, id and completeness: every required check present and `pass`."""
+    from infrarsi._candidate import UsageError
+    from infrarsi._verify import REQUIRED_CHECKS
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the receipt: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(raw)
+        body, signature, receipt_id = data["receipt"], data["signature"], data["id"]
+        if not isinstance(body, dict) or not isinstance(signature, str):
+            raise TypeError("receipt/signature of the wrong type")
+    except (ValueError, KeyError, TypeError) as exc:
+        return ReceiptCheck(False, [f"not a receipt written by `infrarsi verify` ({exc})"], None, None)
+    problems = []
+    key = body.get("public_key")
+    try:
+        signed = isinstance(key, str) and verify_signature(key, canonical_json(body), signature)
+    except (TypeError, ValueError):
+        signed = False
+    if not signed:
+        problems.append("the signature does not verify")
+    if trusted_public_hex is not None and key != trusted_public_hex:
+        problems.append("signed by another key than the trusted one")
+    if receipt_id != sha256_hex(canonical_json(body))[:16]:
+        problems.append("the id does not match the content")
+    checks = {c.get("id"): c.get("status") for c in body.get("checks", []) if isinstance(c, dict)}
+    missing = [cid for cid in REQUIRED_CHECKS if cid not in checks]
+    if missing:
+        problems.append(f"required checks missing: {', '.join(missing)}")
+    failed = [cid for cid, status in checks.items() if status != "pass"]
+    if failed:
+        problems.append(f"checks not passed: {', '.join(failed)}")
+    ab = body.get("ab") or {}
+    if not ab.get("baseline_s") or len(ab.get("baseline_s", [])) != len(ab.get("candidate_s", [])):
+        problems.append("no back-to-back A/B samples")
+    return ReceiptCheck(not problems, problems, receipt_id if isinstance(receipt_id, str) else None,
+                        body.get("speedup"))

@@ -1,0 +1,177 @@
+"""`infrarsi verify`: the full check of one candidate, cheapest evidence first.
+
+Order: scope and the manifest (no run), then one candidate run judged for
+integrity, timing and numerics against the stored baseline, then ``ab_pairs``
+back-to-back baseline/candidate pairs for ``stats.speedup``. The first family that
+fails stops the rest (their checks are reported ``skipped``). Every execution is
+recorded with the verdicts it earned; an accepted candidate gets a signed receipt.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
+from infrarsi._hashing import hash_protected
+from infrarsi._runner import ExecutionResult
+from infrarsi._workspace import Workspace, open_workspace
+from infrarsi.verifiers import (RULE_VERSION, BaselineReference, CheckResult, Rules, RunEvidence, check_manifest,
+                                ab_order, check_scope, check_speedup, judge_run)
+
+__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS"]
+
+# Every check a receipt must hold, each `pass`.
+REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected",
+                   "integrity.manifest", "integrity.protected", "integrity.framework",
+                   "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision",
+                   "stats.speedup")
+
+
+@dataclass
+class VerifyOutcome:
+    accepted: bool
+    candidate: dict
+    checks: list[CheckResult]
+    speedup: dict | None
+    receipt: Path | None
+    executions: list[int]
+
+    def to_json(self) -> dict:
+        """The DESIGN.md shape of `verify --json`."""
+        return {"accepted": self.accepted, "candidate": self.candidate,
+                "checks": [c.to_json() for c in self.checks], "speedup": self.speedup,
+                "receipt": str(self.receipt) if self.receipt else None}
+
+
+def _run_evidence(result: ExecutionResult) -> RunEvidence:
+    ev = result.evidence or {}
+    return RunEvidence(receipt_lines=result.receipts.decode("utf-8", "replace").splitlines(),
+                       arrivals_ns=ev.get("arrivals_ns"), started_ns=ev.get("started_ns"),
+                       ended_ns=ev.get("ended_ns"), integrity=ev.get("integrity"),
+                       evidence_kind=ev.get("evidence_kind", "probe"))
+
+
+def _status_check(result: ExecutionResult, role: str) -> CheckResult | None:
+    if result.status == "ok" and result.step_time_s is not None:
+        return None
+    return CheckResult("timing.window", "fail", f"{role} run is {result.status}: {result.detail or 'no detail'}")
+
+
+def _failed(checks: list[CheckResult]) -> bool:
+    return any(c.status in ("fail", "unchecked") for c in checks)
+
+
+def _skipped_rest(checks: list[CheckResult], reason: str) -> list[CheckResult]:
+    seen = {c.id for c in checks}
+    return checks + [CheckResult(cid, "skipped", reason) for cid in REQUIRED_CHECKS if cid not in seen]
+
+
+def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[str, str] | None = None,
+           patches: list[str] | None = None, pairs: int | None = None,
+           progress: Callable[[int, int, ExecutionResult | None], None] | None = None) -> VerifyOutcome:
+    """Check one candidate (knob settings + patches) fully; accepted only when every check passes."""
+    with open_workspace(contract_path) as ws:
+        values = sets if isinstance(sets, dict) else parse_sets(sets)
+        candidate = resolve_candidate(ws.contract, values, patches)
+        stored = ws.ledger.latest_baseline()
+        if stored is None:
+            raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
+        pairs = ws.contract.search.ab_pairs if pairs is None else pairs
+        if pairs < 0:
+            raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")
+        return _Verification(ws, candidate, stored["summary"], pairs, progress).run()
+
+
+class _Verification:
+    def __init__(self, ws: Workspace, candidate: Candidate, summary: dict, pairs: int, progress) -> None:
+        self.ws, self.candidate, self.summary, self.pairs = ws, candidate, summary, pairs
+        self.progress = progress
+        self.batch = uuid.uuid4().hex
+        self.executions: list[int] = []
+        self.seq = 0
+        self.total = 1 + 2 * pairs
+        self.done = 0
+
+    def _tick(self, result: ExecutionResult | None) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total, result)
+
+    def _record(self, result: ExecutionResult, kind: str, checks: list[CheckResult]) -> int:
+        execution = self.ws.record(result, kind=kind, batch=self.batch, seq=self.seq,
+                                   verdicts=[c.to_json() for c in checks], rule_version=RULE_VERSION)
+        self.seq += 1
+        self.executions.append(execution)
+        return execution
+
+    def _finish(self, checks, speedup=None, receipt=None) -> VerifyOutcome:
+        accepted = receipt is not None
+        return VerifyOutcome(accepted, self.candidate.describe(), checks, speedup, receipt, self.executions)
+
+    def run(self) -> VerifyOutcome:
+        contract, ws = self.ws.contract, self.ws
+        if self.progress:
+            self.progress(0, self.total, None)
+        checks = check_scope({p.name: p.text for p in self.candidate.patches},
+                             list(contract.scope.editable), list(contract.protected_globs))
+        checks.append(check_manifest(ws.manifest.body, ws.manifest.signature, contract.sha256,
+                                     ws.ledger.public_key, hash_protected(contract.workspace, contract.protected_globs)))
+        if _failed(checks):
+            result = ExecutionResult(self.candidate, "rejected", detail="rejected before running: "
+                                     + "; ".join(c.detail for c in checks if not c.passed))
+            self._record(result, "verify", checks)
+            return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
+
+        rules = Rules.from_contract(contract)
+        reference = BaselineReference.from_summary(self.summary)
+        result = ws.executor.run(contract, ws.manifest.files, self.candidate)
+        self._tick(result)
+        failed_status = _status_check(result, "the candidate")
+        run_checks = [failed_status] if failed_status else judge_run(_run_evidence(result), reference, rules)
+        checks += run_checks
+        if _failed(run_checks):
+            if result.status == "ok":
+                result.status = "rejected"
+            self._record(result, "verify", checks)
+            return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
+        self._record(result, "verify", checks)
+        if self.pairs == 0:  # correctness only: never a receipt
+            return self._finish(_skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only"))
+
+        base_times, cand_times = self._ab(rules, reference, checks)
+        if base_times is None:
+            return self._finish(_skipped_rest(checks, "not reached: an A/B run failed"))
+        stat, estimate = check_speedup(base_times, cand_times, float(contract.search.min_speedup), self.pairs)
+        checks.append(stat)
+        speedup = estimate.to_json() if estimate else None
+        if not stat.passed:
+            return self._finish(checks, speedup)
+        from infrarsi._receipt import write_receipt
+
+        receipt = write_receipt(ws, self.candidate, checks, estimate, base_times, cand_times,
+                                self.executions, result.evidence.get("fingerprint", {}), self.summary)
+        return self._finish(checks, speedup, receipt)
+
+    def _ab(self, rules: Rules, reference: BaselineReference, checks: list[CheckResult]):
+        """Interleaved pairs (B A A B ...): drift over the batch cancels within each pair."""
+        ws = self.ws
+        baseline = Candidate(knobs=ws.contract.baseline_knobs())
+        times = {"B": [], "A": []}
+        for index, role in enumerate(ab_order(self.pairs)):
+            who = baseline if role == "B" else self.candidate
+            result = ws.executor.run(ws.contract, ws.manifest.files, who)
+            self._tick(result)
+            failed = _status_check(result, f"A/B pair {index // 2 + 1}: the {'baseline' if role == 'B' else 'candidate'}")
+            judged = [failed] if failed else judge_run(_run_evidence(result), reference, rules)
+            if _failed(judged):
+                if result.status == "ok":
+                    result.status = "rejected"
+                self._record(result, "ab-baseline" if role == "B" else "ab-candidate", judged)
+                checks += [c for c in judged if not c.passed]
+                return None, None
+            self._record(result, "ab-baseline" if role == "B" else "ab-candidate", judged)
+            times[role].append(result.step_time_s)
+        return times["B"], times["A"]

@@ -1,0 +1,42 @@
+"""The adversarial corpus: real runs of every cheat and honest patch against TinyGPT.
+
+Every cheat must be rejected, by the family expected.toml names (the first family
+whose check fails); every honest patch must pass every correctness check. The A/B
+stage is left out here (``pairs=0``): correctness is what the corpus is about.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import EXPECTED, HERE
+
+import infrarsi
+
+CHEATS = sorted(p.stem for p in (HERE / "cheat").glob("*.diff"))
+HONEST = sorted(p.stem for p in (HERE / "honest").glob("*.diff"))
+
+
+def test_corpus_is_large_enough_and_fully_labelled():
+    assert len(CHEATS) >= 15 and len(HONEST) >= 5
+    assert set(CHEATS) == set(EXPECTED), "every cheat needs an expected family, and only cheats have one"
+
+
+@pytest.mark.parametrize("name", CHEATS)
+def test_cheat_is_rejected_by_the_expected_family(tinygpt_workspace, name):
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "cheat" / f"{name}.diff")], pairs=0)
+    assert not outcome.accepted
+    failing = [c for c in outcome.checks if c.status in ("fail", "unchecked")]
+    assert failing, f"{name}: nothing failed: {[c.to_json() for c in outcome.checks]}"
+    assert failing[0].id.split(".")[0] == EXPECTED[name], [c.to_json() for c in failing]
+
+
+@pytest.mark.parametrize("name", HONEST)
+def test_honest_patch_passes_every_correctness_check(tinygpt_workspace, name):
+    sets = {"attention": "sdpa"} if name == "batched-heads" else {}
+    outcome = infrarsi.verify(tinygpt_workspace, sets=sets, patches=[str(HERE / "honest" / f"{name}.diff")],
+                              pairs=0)
+    judged = {c.id: c for c in outcome.checks if c.id != "stats.speedup"}
+    assert all(c.status == "pass" for c in judged.values()), [c.to_json() for c in judged.values() if not c.passed]
+    assert outcome.checks[-1].id == "stats.speedup" and outcome.checks[-1].status == "skipped"
