@@ -84,9 +84,11 @@ class Contract:
 
     @property
     def state_dir(self) -> Path:
-        """Where the ledger, manifest and keys live: ``.infrarsi/`` (``.infrarsi/STEM/`` for other names)."""
+        """Where the ledger, manifest and keys live: ``.infrarsi/``, or ``.infrarsi/contracts/STEM/``
+        for a contract named ``STEM.toml`` (one folder down, so no stem can clash with
+        the default contract's own entries such as ``keys/`` or ``receipts/``)."""
         base = self.workspace / ".infrarsi"
-        return base if self.path.name == DEFAULT_CONTRACT else base / self.path.stem
+        return base if self.path.name == DEFAULT_CONTRACT else base / "contracts" / self.path.stem
 
     @property
     def total_steps(self) -> int:

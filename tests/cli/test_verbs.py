@@ -228,10 +228,6 @@ def test_concurrent_runs_both_commit_on_one_chain(workspace, sandbox_tmp):
     assert state.chain_ok and [i for i, _ in state.rows] == [1, 2], state.chain_detail
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: infrarsi/_contract.py Contract.state_dir puts a contract named STEM.toml in .infrarsi/STEM/, "
-    "which collides with the default contract's own entries (keys/, receipts/, archive/): "
-    "`init --force` of infrarsi.toml then moves keys.toml's whole ledger into its archive"))
 def test_init_force_leaves_another_contracts_state_alone(cli, toyjob):
     (toyjob / "keys.toml").write_text((toyjob / "infrarsi.toml").read_text())
     assert cli("init").rc == 0
