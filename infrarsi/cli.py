@@ -18,7 +18,10 @@ EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
+    argv: list[str] = []  # what main() was given, for --json on argparse's own errors
     def error(self, message: str) -> None:  # argparse's own errors exit 2 too, without a traceback
+        if "--json" in _Parser.argv:
+            print(json.dumps({"error": message, "exit_code": EXIT_USAGE}, sort_keys=True))
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"infrarsi: error: {message}\n")
 
@@ -207,6 +210,7 @@ _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "ver
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    _Parser.argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()
@@ -223,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return _COMMANDS[args.verb](args)
     except usage_errors() as exc:
         print(f"infrarsi {args.verb}: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # --json promises one object on stdout, errors included
+            print(json.dumps({"error": str(exc), "exit_code": EXIT_USAGE}, sort_keys=True))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"infrarsi {args.verb}: interrupted; executions that finished before are in the ledger", file=sys.stderr)

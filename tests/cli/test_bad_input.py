@@ -74,6 +74,9 @@ def test_bad_input_exits_2_and_leaves_the_ledger_alone(cli, workspace, prepare, 
     assert "Traceback" not in done.stderr, done
     for fragment in fragments:
         assert fragment in done.stderr, (fragment, str(done))
+    if args[0] in ("run", "baseline"):  # --json: still one object on stdout, saying what was wrong
+        payload = done.json()
+        assert payload["exit_code"] == 2 and fragments[-1] in payload["error"], payload
     assert ledger_state(workspace) == before  # same rows, same bytes on disk
 
 
