@@ -44,6 +44,10 @@ class ExecutionResult:
     sources: dict[str, bytes] = field(default_factory=dict)
 
 
+# Python's options that take the next word as their value (`-c` and `-m` end the options).
+_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+
 class Executor(Protocol):
     def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate) -> ExecutionResult: ...
 
@@ -54,7 +58,12 @@ def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dic
     if command[0] == "python":
         command[0] = sys.executable
         if contract.task.evidence == "auto":
-            command[1:1] = ["-m", "infrarsi.autoprobe"]
+            # The interpreter's own options (python -u -W ignore train.py) stay with the
+            # interpreter; the autoprobe goes right before the script.
+            at = 1
+            while at < len(command) and command[at].startswith("-") and command[at] != "-":
+                at += 2 if command[at] in _OPTIONS_WITH_VALUE else 1
+            command[at:at] = ["-m", "infrarsi.autoprobe"]
     env: dict[str, str] = {}
     for name, value in candidate.knobs.items():
         knob = contract.knobs[name]

@@ -24,7 +24,7 @@ from infrarsi._candidate import resolve_candidate
 from infrarsi._contract import load_contract
 from infrarsi._hashing import hash_protected
 from infrarsi._receipts import parse_receipts
-from infrarsi._runner import LocalExecutor
+from infrarsi._runner import LocalExecutor, build_argv
 from infrarsi.autoprobe import AutoProbe
 from infrarsi.probe import Probe
 
@@ -385,3 +385,15 @@ def test_a_failing_hook_stops_recording_but_never_the_training(recorder, capfd):
     assert "stopped recording receipts: OSError: disk full" in capfd.readouterr().err
     assert recorder["records"]() == []
     assert any("disk full" in m.get("adapter_error", "") for m in recorder["records"]("meta"))
+
+
+def test_auto_keeps_the_interpreters_own_options_before_the_script(tmp_path):
+    root = workspace(tmp_path / "ws", "auto")
+    contract = root / "infrarsi.toml"
+    contract.write_text(contract.read_text().replace('["python", "train.py"]',
+                                                     '["python", "-u", "-W", "ignore", "train.py"]'))
+    argv, _ = build_argv(load_contract(contract), resolve_candidate(load_contract(contract), {}, []))
+    assert argv[1:7] == ["-u", "-W", "ignore", "-m", "infrarsi.autoprobe", "train.py"]
+    result = execute(root)
+    assert result.status == "ok", result.detail + result.stderr_tail
+    assert [r["step"] for r in steps_of(result)] == list(range(1, TOTAL + 1))
