@@ -40,3 +40,14 @@ def test_honest_patch_passes_every_correctness_check(tinygpt_workspace, name):
     judged = {c.id: c for c in outcome.checks if c.id != "stats.speedup"}
     assert all(c.status == "pass" for c in judged.values()), [c.to_json() for c in judged.values() if not c.passed]
     assert outcome.checks[-1].id == "stats.speedup" and outcome.checks[-1].status == "skipped"
+
+
+AUDIT_ONLY = sorted(p.stem for p in (HERE / "audit_only").glob("*.diff"))
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: only the source audit (audit.*, issue 4) sees work moved "
+                   "out of the timed region; the numbers and both clocks agree")
+@pytest.mark.parametrize("name", AUDIT_ONLY)
+def test_cheat_only_the_source_audit_can_see(tinygpt_workspace, name):
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "audit_only" / f"{name}.diff")], pairs=0)
+    assert any(c.status in ("fail", "unchecked") for c in outcome.checks)
