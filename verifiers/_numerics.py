@@ -76,7 +76,9 @@ def observed_precisions(steps: list[StepRecord]) -> tuple[set[str], bool]:
                 dtype = str(entry).rsplit(":", 1)[-1]
                 seen.add(_DTYPES.get(dtype, dtype))
         matmul = s.get("fp32_matmul")
-        if isinstance(matmul, str):
+        if isinstance(matmul, str) and matmul != "highest":
+            # Only a lowered mode says something: "highest" is plain fp32 math, which the
+            # dtypes already show (a pure-bf16 job must not be charged with fp32 for it).
             seen.add(_MATMUL.get(matmul, matmul))
     return seen, evidence
 

@@ -174,3 +174,8 @@ def test_run_integrity_missing_is_unchecked():
 def test_garbage_receipt_lines_never_raise_and_never_pass(lines):
     results = judge_run(RunEvidence(lines, None), REFERENCE, RULES)
     assert not any(r.id.startswith(("timing", "numerics")) and r.passed for r in results)
+
+
+def test_precision_default_matmul_mode_is_not_charged_to_a_bf16_job():
+    run = make_run(mutate=lambda r: {**r, "param_dtypes": ["bfloat16"]})
+    assert check_precision(run.steps, ["bf16"], True).status == "pass"
