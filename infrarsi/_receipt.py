@@ -16,7 +16,7 @@ RECEIPT_VERSION = 1
 def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
                   baseline_summary) -> Path:
     """Sign and write ``.infrarsi/receipts/<id>.json``; returns its path."""
-    from infrarsi._verify import REQUIRED_CHECKS
+    from infrarsi._verify import required_checks
     from infrarsi.verifiers import RULE_VERSION
 
     body = {
@@ -29,7 +29,7 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         "knobs": dict(candidate.knobs),
         "environment": fingerprint,
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
-        "required_checks": list(REQUIRED_CHECKS),
+        "required_checks": list(required_checks(ws.contract.numerics.require)),
         "ab": {"order": "BAAB", "baseline_s": base_times, "candidate_s": cand_times},
         "speedup": estimate.to_json(),
         "baseline": {"step_time_s": baseline_summary.get("step_time_s"),
@@ -61,7 +61,7 @@ class ReceiptCheck:
 def verify_receipt(path: str | Path, trusted_public_hex: str | None = None) -> ReceiptCheck:
     """Signature, id and completeness: every required check present and `pass`."""
     from infrarsi._candidate import UsageError
-    from infrarsi._verify import REQUIRED_CHECKS
+    from infrarsi._verify import OPTIONAL_NUMERICS, REQUIRED_CHECKS
 
     try:
         raw = Path(path).read_bytes()
@@ -90,7 +90,11 @@ def verify_receipt(path: str | Path, trusted_public_hex: str | None = None) -> R
     missing = [cid for cid in REQUIRED_CHECKS if cid not in checks]
     if missing:
         problems.append(f"required checks missing: {', '.join(missing)}")
-    failed = [cid for cid, status in checks.items() if status != "pass"]
+    # A numerics check the contract did not require may be `skipped`; every other must pass.
+    always = set(REQUIRED_CHECKS) - set(OPTIONAL_NUMERICS.values())
+    required = set(body.get("required_checks") or REQUIRED_CHECKS) | always
+    failed = [cid for cid, status in checks.items()
+              if status != "pass" and (cid in required or status != "skipped")]
     if failed:
         problems.append(f"checks not passed: {', '.join(failed)}")
     ab = body.get("ab") or {}

@@ -21,13 +21,22 @@ from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.verifiers import (RULE_VERSION, BaselineReference, CheckResult, Rules, RunEvidence, check_manifest,
                                 ab_order, check_scope, check_speedup, judge_run)
 
-__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS"]
+__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS", "required_checks"]
 
 # Every check a receipt must hold, each `pass`.
 REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected",
                    "integrity.manifest", "integrity.protected", "integrity.framework",
                    "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision",
                    "stats.speedup")
+
+# The numerics checks a contract may leave out of `require`; everything else is always required.
+OPTIONAL_NUMERICS = {"loss": "numerics.loss", "grad_norm": "numerics.grad_norm", "precision": "numerics.precision"}
+
+
+def required_checks(require) -> tuple[str, ...]:
+    """The checks that must `pass` under a contract whose [numerics] require is ``require``."""
+    dropped = {cid for name, cid in OPTIONAL_NUMERICS.items() if name not in require}
+    return tuple(cid for cid in REQUIRED_CHECKS if cid not in dropped)
 
 
 @dataclass
@@ -147,7 +156,8 @@ class _Verification:
         stat, estimate = check_speedup(base_times, cand_times, float(contract.search.min_speedup), self.pairs)
         checks.append(stat)
         speedup = estimate.to_json() if estimate else None
-        if not stat.passed:
+        required = required_checks(contract.numerics.require)
+        if not stat.passed or not all(c.passed for c in checks if c.id in required):
             return self._finish(checks, speedup)
         from infrarsi._receipt import write_receipt
 
