@@ -136,17 +136,10 @@ class _Verification:
 
         rules = Rules.from_contract(contract)
         reference = BaselineReference.from_summary(self.summary)
-        result = ws.executor.run(contract, ws.manifest.files, self.candidate)
-        self._tick(result)
-        failed_status = _status_check(result, "the candidate")
-        run_checks = [failed_status] if failed_status else judge_run(_run_evidence(result), reference, rules)
-        checks += run_checks
+        result, run_checks = self._run_judged(self.candidate, "verify", "the candidate", rules, reference,
+                                              recorded_with=checks)
         if _failed(run_checks):
-            if result.status == "ok":
-                result.status = "rejected"
-            self._record(result, "verify", checks)
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
-        self._record(result, "verify", checks)
         if self.pairs == 0:  # correctness only: never a receipt
             return self._finish(_skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only"))
 
@@ -171,17 +164,29 @@ class _Verification:
         baseline = Candidate(knobs=ws.contract.baseline_knobs())
         times = {"B": [], "A": []}
         for index, role in enumerate(ab_order(self.pairs)):
-            who = baseline if role == "B" else self.candidate
-            result = ws.executor.run(ws.contract, ws.manifest.files, who)
-            self._tick(result)
-            failed = _status_check(result, f"A/B pair {index // 2 + 1}: the {'baseline' if role == 'B' else 'candidate'}")
-            judged = [failed] if failed else judge_run(_run_evidence(result), reference, rules)
+            who, name = (baseline, "baseline") if role == "B" else (self.candidate, "candidate")
+            result, judged = self._run_judged(who, f"ab-{name}", f"A/B pair {index // 2 + 1}: the {name}",
+                                              rules, reference)
             if _failed(judged):
-                if result.status == "ok":
-                    result.status = "rejected"
-                self._record(result, "ab-baseline" if role == "B" else "ab-candidate", judged)
                 checks += [c for c in judged if not c.passed]
                 return None, None
-            self._record(result, "ab-baseline" if role == "B" else "ab-candidate", judged)
             times[role].append(result.step_time_s)
         return times["B"], times["A"]
+
+    def _run_judged(self, who: Candidate, kind: str, role: str, rules: Rules, reference: BaselineReference,
+                    recorded_with: list[CheckResult] | None = None) -> tuple[ExecutionResult, list[CheckResult]]:
+        """Run ``who`` once, judge it, and record it with its verdicts (``recorded_with`` + this run's).
+
+        A run that finished but failed a check is recorded as ``rejected``.
+        """
+        ws = self.ws
+        result = ws.executor.run(ws.contract, ws.manifest.files, who)
+        self._tick(result)
+        failed = _status_check(result, role)
+        judged = [failed] if failed else judge_run(_run_evidence(result), reference, rules)
+        if recorded_with is not None:
+            recorded_with += judged
+        if _failed(judged) and result.status == "ok":
+            result.status = "rejected"
+        self._record(result, kind, judged if recorded_with is None else recorded_with)
+        return result, judged
