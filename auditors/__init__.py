@@ -1,3 +1,13 @@
-"""libcst source audits of patches and training loops. (Rules arrive with the auditors issue.)"""
+"""libcst source audits of patches and training loops: timing boundary and shortcut rules.
 
-__all__: list[str] = []
+Each rule is one module under ``rules/`` with its ``VALID`` / ``INVALID`` examples;
+``audit_source`` judges one file, ``audit_diff`` what a patch adds, and
+``check_sources`` turns a candidate's changed files into ``audit.*`` check results.
+"""
+
+from ._audit import AUDITOR_VERSION, RULES, audit_check_ids, audit_diff, audit_source, check_sources
+from ._rule import AuditContext, Example, Finding, Rule
+from ._source import SourceError, SourceModel
+
+__all__ = ["AUDITOR_VERSION", "RULES", "audit_check_ids", "audit_diff", "audit_source", "check_sources",
+           "AuditContext", "Example", "Finding", "Rule", "SourceError", "SourceModel"]

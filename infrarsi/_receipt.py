@@ -16,8 +16,7 @@ RECEIPT_VERSION = 1
 def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
                   baseline_summary) -> Path:
     """Sign and write ``.infrarsi/receipts/<id>.json``; returns its path."""
-    from infrarsi._verify import required_checks
-    from infrarsi.verifiers import RULE_VERSION
+    from infrarsi._verify import VERDICT_VERSION, required_checks
 
     body = {
         "version": RECEIPT_VERSION,
@@ -35,7 +34,7 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         "baseline": {"step_time_s": baseline_summary.get("step_time_s"),
                      "executions": baseline_summary.get("executions")},
         "executions": executions,
-        "rule_version": RULE_VERSION,
+        "rule_version": VERDICT_VERSION,
         "public_key": ws.key.public_hex,
     }
     receipt_id = sha256_hex(canonical_json(body))[:16]

@@ -40,13 +40,17 @@ class Sandbox:
     def receipts(self) -> Path:
         return self.root / "receipts.fifo"
 
-    def apply(self, name: str, text: str) -> None:
-        """Apply one unified diff to the copy; raises PatchRejected with git's message."""
+    def apply(self, name: str, text: str, include: str | None = None) -> None:
+        """Apply one unified diff to the copy; raises PatchRejected with git's message.
+
+        ``include`` (a git path pattern) applies only the files that match it.
+        """
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(self.home),
                # Never let git find a repository above the sandbox.
                "GIT_CEILING_DIRECTORIES": str(self.root), "GIT_CONFIG_NOSYSTEM": "1"}
         try:
-            proc = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=text.encode(),
+            only = [f"--include={include}"] if include else []
+            proc = subprocess.run(["git", "apply", "--whitespace=nowarn", *only, "-"], input=text.encode(),
                                   cwd=self.workspace, env=env, capture_output=True, timeout=60)
         except FileNotFoundError:
             raise PatchRejected(name, "git is not installed (needed for `git apply`)") from None

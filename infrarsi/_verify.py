@@ -1,6 +1,6 @@
 """`infrarsi verify`: the full check of one candidate, cheapest evidence first.
 
-Order: scope and the manifest (no run), then one candidate run judged for
+Order: scope, the manifest and the source audit (no run), then one candidate run judged for
 integrity, timing and numerics against the stored baseline, then ``ab_pairs``
 back-to-back baseline/candidate pairs for ``stats.speedup``. The first family that
 fails stops the rest (their checks are reported ``skipped``). Every execution is
@@ -17,17 +17,23 @@ from typing import Callable
 from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
 from infrarsi._hashing import hash_protected
 from infrarsi._runner import ExecutionResult
+from infrarsi._sandbox import PatchRejected
+from infrarsi._sources import changed_sources
+from infrarsi.auditors import AUDITOR_VERSION, audit_check_ids, check_sources
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.verifiers import (RULE_VERSION, BaselineReference, CheckResult, Rules, RunEvidence, check_manifest,
                                 ab_order, check_scope, check_speedup, judge_run)
 
-__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS", "required_checks"]
+__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS", "VERDICT_VERSION", "required_checks"]
 
 # Every check a receipt must hold, each `pass`.
 REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected",
-                   "integrity.manifest", "integrity.protected", "integrity.framework",
+                   "integrity.manifest", *audit_check_ids(), "integrity.protected", "integrity.framework",
                    "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision",
                    "stats.speedup")
+
+# Which rules gave a stored verdict: the verifiers' and the auditors' versions.
+VERDICT_VERSION = f"{RULE_VERSION}+{AUDITOR_VERSION}"
 
 # The numerics checks a contract may leave out of `require`; everything else is always required.
 OPTIONAL_NUMERICS = {"loss": "numerics.loss", "grad_norm": "numerics.grad_norm", "precision": "numerics.precision"}
@@ -80,8 +86,13 @@ def _skipped_rest(checks: list[CheckResult], reason: str) -> list[CheckResult]:
 
 def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[str, str] | None = None,
            patches: list[str] | None = None, pairs: int | None = None,
-           progress: Callable[[int, int, ExecutionResult | None], None] | None = None) -> VerifyOutcome:
-    """Check one candidate (knob settings + patches) fully; accepted only when every check passes."""
+           progress: Callable[[int, int, ExecutionResult | None], None] | None = None,
+           keep_going: bool = False) -> VerifyOutcome:
+    """Check one candidate (knob settings + patches) fully; accepted only when every check passes.
+
+    ``keep_going`` runs the candidate even when a check before the run failed, so every
+    layer's verdict is seen (diagnosis, and the corpus tests); it never accepts more.
+    """
     with open_workspace(contract_path) as ws:
         values = sets if isinstance(sets, dict) else parse_sets(sets)
         candidate = resolve_candidate(ws.contract, values, patches)
@@ -91,12 +102,14 @@ def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[s
         pairs = ws.contract.search.ab_pairs if pairs is None else pairs
         if pairs < 0:
             raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")
-        return _Verification(ws, candidate, stored["summary"], pairs, progress).run()
+        return _Verification(ws, candidate, stored["summary"], pairs, progress, keep_going).run()
 
 
 class _Verification:
-    def __init__(self, ws: Workspace, candidate: Candidate, summary: dict, pairs: int, progress) -> None:
+    def __init__(self, ws: Workspace, candidate: Candidate, summary: dict, pairs: int, progress,
+                 keep_going: bool = False) -> None:
         self.ws, self.candidate, self.summary, self.pairs = ws, candidate, summary, pairs
+        self.keep_going = keep_going
         self.progress = progress
         self.batch = uuid.uuid4().hex
         self.executions: list[int] = []
@@ -111,7 +124,7 @@ class _Verification:
 
     def _record(self, result: ExecutionResult, kind: str, checks: list[CheckResult]) -> int:
         execution = self.ws.record(result, kind=kind, batch=self.batch, seq=self.seq,
-                                   verdicts=[c.to_json() for c in checks], rule_version=RULE_VERSION)
+                                   verdicts=[c.to_json() for c in checks], rule_version=VERDICT_VERSION)
         self.seq += 1
         self.executions.append(execution)
         return execution
@@ -128,7 +141,9 @@ class _Verification:
                              list(contract.scope.editable), list(contract.protected_globs))
         checks.append(check_manifest(ws.manifest.body, ws.manifest.signature, contract.sha256,
                                      ws.ledger.public_key, hash_protected(contract.workspace, contract.protected_globs)))
-        if _failed(checks):
+        if self.keep_going or not _failed(checks):
+            checks += self._audit()
+        if _failed(checks) and not self.keep_going:
             result = ExecutionResult(self.candidate, "rejected", detail="rejected before running: "
                                      + "; ".join(c.detail for c in checks if not c.passed))
             self._record(result, "verify", checks)
@@ -138,7 +153,7 @@ class _Verification:
         reference = BaselineReference.from_summary(self.summary)
         result, run_checks = self._run_judged(self.candidate, "verify", "the candidate", rules, reference,
                                               recorded_with=checks)
-        if _failed(run_checks):
+        if _failed(run_checks) or (self.keep_going and _failed(checks)):
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
         if self.pairs == 0:  # correctness only: never a receipt
             return self._finish(_skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only"))
@@ -157,6 +172,15 @@ class _Verification:
         receipt = write_receipt(ws, self.candidate, checks, estimate, base_times, cand_times,
                                 self.executions, result.evidence.get("fingerprint", {}), self.summary)
         return self._finish(checks, speedup, receipt)
+
+    def _audit(self) -> list[CheckResult]:
+        """audit.*: the source rules over the Python files the patches change (no run needed)."""
+        contract = self.ws.contract
+        try:
+            sources = changed_sources(contract.workspace, self.candidate.patches)
+        except PatchRejected as exc:
+            return [CheckResult(cid, "fail", f"cannot audit: {exc}") for cid in audit_check_ids()]
+        return check_sources(sources, contract.numerics.precision, contract.protected_globs)
 
     def _ab(self, rules: Rules, reference: BaselineReference, checks: list[CheckResult]):
         """Interleaved pairs (B A A B ...): drift over the batch cancels within each pair."""
@@ -186,7 +210,7 @@ class _Verification:
         judged = [failed] if failed else judge_run(_run_evidence(result), reference, rules)
         if recorded_with is not None:
             recorded_with += judged
-        if _failed(judged) and result.status == "ok":
+        if _failed(judged if recorded_with is None else recorded_with) and result.status == "ok":
             result.status = "rejected"
         self._record(result, kind, judged if recorded_with is None else recorded_with)
         return result, judged

@@ -56,10 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
     p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
     p.add_argument("--pairs", type=int, default=None, help="A/B pairs (default: the contract's ab_pairs)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="run the candidate even after a check before the run failed, to see every layer's verdict")
 
     p = verbs.add_parser("receipt", help="check a receipt: `infrarsi receipt verify R.json`")
     p.add_argument("action", choices=["verify"])
     p.add_argument("path", metavar="RECEIPT.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    p = verbs.add_parser("lint", help="audit a training script's source (against its baseline with --against)")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--against", default=None, metavar="BASE",
+                   help="the baseline FILE patches: report only what it adds, and check the timing boundary")
+    p.add_argument("--contract", default=None,
+                   help="contract for allowed precisions and protected paths (default: ./infrarsi.toml if any)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
@@ -155,7 +165,7 @@ def _cmd_verify(args) -> int:
     bar = _progress(args, "verify")
     with bar or _Null():
         outcome = verify(args.contract, sets=args.sets, patches=args.patches, pairs=args.pairs,
-                         progress=bar.update if bar else None)
+                         progress=bar.update if bar else None, keep_going=args.keep_going)
     width = max(len(c.id) for c in outcome.checks)
     lines = [f"{'ACCEPTED' if outcome.accepted else 'REJECTED'}: knobs {outcome.candidate['knobs']}, "
              f"patches {outcome.candidate['patches'] or 'none'}"]
@@ -177,6 +187,18 @@ def _cmd_receipt(args) -> int:
              else "receipt INVALID:\n" + "\n".join(f"  {p}" for p in check.problems))
     _emit(args, check.to_json(), human)
     return EXIT_OK if check.ok else EXIT_REJECTED
+
+
+def _cmd_lint(args) -> int:
+    from infrarsi._lint import lint
+
+    report = lint(args.file, against=args.against, contract=args.contract)
+    lines = [str(f) for f in report.findings]
+    rules = f"against {report.against}" if report.against else "standalone"
+    lines.append(f"{len(report.findings)} finding(s) in {report.file} ({rules}; contract: "
+                 f"{report.contract or 'none, fp32 only'})")
+    _emit(args, report.to_json(), "\n".join(lines))
+    return EXIT_OK if report.clean else EXIT_REJECTED
 
 
 def _cmd_demo(args) -> int:
@@ -205,7 +227,7 @@ def _num(value, fmt: str) -> str:
 
 
 _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
-             "receipt": _cmd_receipt, "demo": _cmd_demo}
+             "receipt": _cmd_receipt, "lint": _cmd_lint, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,7 @@ import pytest
 import infrarsi
 from infrarsi._workspace import init
 
-HERE = Path(__file__).parent
-TINYGPT = HERE.parents[1] / "examples" / "tinygpt"
-EXPECTED = tomllib.loads((HERE / "expected.toml").read_text())["rejected_by"]
+from corpus_labels import HERE, TINYGPT
 
 
 def short_window(folder: Path) -> Path:

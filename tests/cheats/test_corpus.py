@@ -1,7 +1,8 @@
 """The adversarial corpus: real runs of every cheat and honest patch against TinyGPT.
 
-Every cheat must be rejected, by the family expected.toml names (the first family
-whose check fails); every honest patch must pass every correctness check. The A/B
+Every cheat must be rejected twice over: by the audit.* checks expected.toml lists
+(before anything runs), and, with the audit left aside, by the run-time family it
+names. Every honest patch must pass every correctness check, audit included. The A/B
 stage is left out here (``pairs=0``): correctness is what the corpus is about.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import EXPECTED, HERE
+from corpus_labels import AUDIT, EXPECTED, HERE
 
 import infrarsi
 
@@ -21,15 +22,30 @@ HONEST = sorted(p.stem for p in (HERE / "honest").glob("*.diff"))
 def test_corpus_is_large_enough_and_fully_labelled():
     assert len(CHEATS) >= 15 and len(HONEST) >= 5
     assert set(CHEATS) == set(EXPECTED), "every cheat needs an expected family, and only cheats have one"
+    audit_only = {p.stem for p in (HERE / "audit_only").glob("*.diff")}
+    assert set(AUDIT) <= set(CHEATS) | audit_only and audit_only <= set(AUDIT)
 
 
 @pytest.mark.parametrize("name", CHEATS)
-def test_cheat_is_rejected_by_the_expected_family(tinygpt_workspace, name):
-    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "cheat" / f"{name}.diff")], pairs=0)
+def test_cheat_is_rejected_by_the_audit_and_by_the_expected_family(tinygpt_workspace, name):
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "cheat" / f"{name}.diff")], pairs=0,
+                              keep_going=True)
     assert not outcome.accepted
     failing = [c for c in outcome.checks if c.status in ("fail", "unchecked")]
     assert failing, f"{name}: nothing failed: {[c.to_json() for c in outcome.checks]}"
-    assert failing[0].id.split(".")[0] == EXPECTED[name], [c.to_json() for c in failing]
+    audit_failed = {c.id for c in failing if c.id.startswith("audit.")}
+    assert audit_failed == set(AUDIT.get(name, [])), [c.to_json() for c in failing if c.id.startswith("audit.")]
+    runtime = [c for c in failing if not c.id.startswith("audit.")]
+    assert runtime and runtime[0].id.split(".")[0] == EXPECTED[name], [c.to_json() for c in failing]
+
+
+def test_the_audit_rejects_before_running(tinygpt_workspace):
+    """Without keep_going an audit failure stops verify before the candidate runs."""
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "cheat" / "slow-clock.diff")], pairs=0)
+    assert not outcome.accepted and outcome.executions
+    by_id = {c.id: c for c in outcome.checks}
+    assert by_id["audit.clock_patched"].status == "fail"
+    assert by_id["timing.clock"].status == "skipped" and by_id["numerics.loss"].status == "skipped"
 
 
 @pytest.mark.parametrize("name", HONEST)
@@ -45,9 +61,11 @@ def test_honest_patch_passes_every_correctness_check(tinygpt_workspace, name):
 AUDIT_ONLY = sorted(p.stem for p in (HERE / "audit_only").glob("*.diff"))
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: only the source audit (audit.*, issue 4) sees work moved "
-                   "out of the timed region; the numbers and both clocks agree")
 @pytest.mark.parametrize("name", AUDIT_ONLY)
 def test_cheat_only_the_source_audit_can_see(tinygpt_workspace, name):
-    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "audit_only" / f"{name}.diff")], pairs=0)
-    assert any(c.status in ("fail", "unchecked") for c in outcome.checks)
+    """Work moved out of the timed region: the numbers and both clocks agree; only the audit sees it."""
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "audit_only" / f"{name}.diff")], pairs=0,
+                              keep_going=True)
+    assert not outcome.accepted
+    failing = {c.id for c in outcome.checks if c.status in ("fail", "unchecked")}
+    assert failing == set(AUDIT[name]), [c.to_json() for c in outcome.checks if not c.passed]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import HERE
+from corpus_labels import HERE
 
 from infrarsi._verify import REQUIRED_CHECKS
 from infrarsi.ledger import Ledger

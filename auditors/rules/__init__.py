@@ -1,0 +1,1 @@
+"""One audit rule per module; each module's ``RULE`` is registered by ``infrarsi.auditors``."""

@@ -1,0 +1,79 @@
+"""clock_patched: the clocks and synchronisation the measurement relies on are left alone."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from .._rule import AuditContext, Finding, Rule
+from .._source import SourceModel, dotted, string_value
+
+_CLOCK_MODULES = ("time", "timeit")
+_DEVICE_CLOCKS = ("torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.Stream.synchronize",
+                  "torch.cuda.current_stream", "torch.Event")
+
+
+class ClockPatched(Rule):
+    id = "clock_patched"
+    message = "the clock or device synchronisation is patched or shadowed"
+    VALID = [
+        "import time\nt0 = time.perf_counter()\nwork()\nelapsed = time.perf_counter() - t0\n",
+        "import time as t\nstart = t.monotonic_ns()\n",
+        "import torch\nstart = torch.cuda.Event(enable_timing=True)\nstart.record()\ntorch.cuda.synchronize()\n",
+        "from time import perf_counter\nnow = perf_counter()\n",
+    ]
+    INVALID = [
+        "import time as _t\n_real = _t.monotonic_ns\n_t.monotonic_ns = lambda: _real() // 2\n",
+        "import time\ntime.perf_counter = lambda: 0.0\n",
+        "import torch\ntorch.cuda.synchronize = lambda *a: None\n",
+        "import torch\ntorch.cuda.Event = FakeEvent\n",
+        "import time\nsetattr(time, 'time', fake)\n",
+        "from time import perf_counter\ndef perf_counter():\n    return 0.0\n",
+        "import sys\nsys.modules['time'] = fake_time\n",
+        "import fake_clock as time\n",
+    ]
+
+    def _clockish(self, source: SourceModel, node: cst.CSTNode) -> bool:
+        return source.resolves_to(node, *_CLOCK_MODULES, *_DEVICE_CLOCKS)
+
+    def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
+        findings = []
+        clock_bindings = set()  # names bound to a clock by import, e.g. `from time import perf_counter`
+        for node in source.of_type(cst.Import, cst.ImportFrom):
+            if isinstance(node.names, cst.ImportStar):
+                continue
+            module = dotted(node.module) if isinstance(node, cst.ImportFrom) and node.module else None
+            for alias in node.names:
+                real = f"{module}.{dotted(alias.name)}" if module else dotted(alias.name)
+                bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
+                if real and (real.split(".")[0] in _CLOCK_MODULES or real in _DEVICE_CLOCKS):
+                    clock_bindings.add(bound)
+                elif bound in _CLOCK_MODULES:
+                    findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, "
+                                                 "not the standard clock module"))
+        for node in source.of_type(cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
+            target = node.target
+            if isinstance(target, cst.Attribute) and self._clockish(source, target):
+                findings.append(self.finding(source, node, f"`{source.code(target)}` is reassigned"))
+            elif isinstance(target, cst.Name) and target.value in clock_bindings:
+                findings.append(self.finding(source, node, f"`{target.value}` (a clock) is rebound"))
+            elif isinstance(target, cst.Subscript) and dotted(target.value) == "sys.modules":
+                key = next((string_value(e.slice.value) for e in target.slice
+                            if isinstance(e.slice, cst.Index)), None)
+                if key and key.split(".")[0] in ("time", "timeit", "torch"):
+                    findings.append(self.finding(source, node, f"sys.modules[{key!r}] is replaced"))
+        for node in source.of_type(cst.FunctionDef, cst.ClassDef):
+            if node.name.value in clock_bindings:
+                findings.append(self.finding(source, node, f"`{node.name.value}` (a clock) is shadowed by a "
+                                             "definition"))
+        for call in source.of_type(cst.Call):
+            name = dotted(call.func)
+            if name and name.split(".")[-1] == "setattr" and call.args:
+                obj = call.args[0].value
+                text = string_value(obj) or ""
+                if self._clockish(source, obj) or text.split(".")[0] in _CLOCK_MODULES \
+                        or text.startswith("torch.cuda."):
+                    findings.append(self.finding(source, call, f"`{source.code(obj)}` is patched with setattr"))
+        return findings
+
+
+RULE = ClockPatched()

@@ -1,0 +1,63 @@
+"""receipts_touched: the job writes its evidence only through the probe's public API."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from .._rule import AuditContext, Finding, Rule
+from .._source import SourceModel, dotted, string_value
+
+_WORKSPACE_DIR = re.compile(r"(^|[/\\])\.infrarsi([/\\]|$)")
+_INTERNALS = ("infrarsi.ledger", "infrarsi.verifiers", "infrarsi.auditors", "infrarsi._")
+
+
+class ReceiptsTouched(Rule):
+    id = "receipts_touched"
+    message = "receipts or the ledger are touched directly"
+    VALID = [
+        "from infrarsi import probe\np = probe.from_env()\np.log(1, loss=0.5, grad_norm=1.0)\np.close()\n",
+        "import os\nout = os.path.join('runs', 'receipts.txt')\n",
+        "print('results are in .infrarsi_cache_free_dir')\n",
+    ]
+    INVALID = [
+        "import os\npath = os.environ['INFRARSI_RECEIPTS']\nopen(path, 'a').write('{}')\n",
+        "from pathlib import Path\nPath('.infrarsi/ledger.db').unlink()\n",
+        "from infrarsi import probe\np = probe.from_env()\np._file.write('{\"type\": \"step\"}')\n",
+        "from infrarsi import probe\np = probe.from_env()\np._write({'type': 'step', 'step': 1})\n",
+        "from infrarsi.ledger import Ledger\n",
+        "import infrarsi._receipts\n",
+    ]
+
+    def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
+        findings = []
+        for node in source.of_type(cst.SimpleString, cst.FormattedString, cst.ConcatenatedString):
+            if isinstance(source.parent.get(node), cst.ConcatenatedString):
+                continue
+            text = string_value(node) or ""
+            if "INFRARSI_RECEIPTS" in text:
+                findings.append(self.finding(source, node, "reads INFRARSI_RECEIPTS, the probe's receipt file"))
+            elif _WORKSPACE_DIR.search(text):
+                findings.append(self.finding(source, node, f"names the workspace's .infrarsi/ folder ({text!r}): "
+                                             "the ledger, keys and receipts live there"))
+        for node in source.of_type(cst.Attribute):
+            if node.attr.value.startswith("_") and not node.attr.value.startswith("__") \
+                    and source.probe_object(node.value):
+                findings.append(self.finding(source, node, f"`{source.code(node)}` reaches into the probe's "
+                                             "internals (receipts must go through p.step / p.log)"))
+        for node in source.of_type(cst.Import, cst.ImportFrom):
+            if isinstance(node, cst.ImportFrom):
+                module = dotted(node.module) if node.module else ""
+                names = [] if isinstance(node.names, cst.ImportStar) else [dotted(a.name) for a in node.names]
+                reached = [module] + [f"{module}.{n}" for n in names]
+            else:
+                reached = [dotted(a.name) for a in node.names]
+            hit = next((r for r in reached if r and r.startswith(_INTERNALS)), None)
+            if hit:
+                findings.append(self.finding(source, node, f"imports `{hit}`: the framework's ledger, verifiers "
+                                             "and internals are not the job's to touch"))
+        return findings
+
+
+RULE = ReceiptsTouched()
