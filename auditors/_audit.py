@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections import Counter
@@ -37,6 +38,17 @@ def audit_check_ids() -> tuple[str, ...]:
     return tuple(f"audit.{rule_id}" for rule_id in RULES)
 
 
+@functools.lru_cache(maxsize=4)
+def _model(text: str, path: str) -> SourceModel:
+    """Parsed sources are immutable here, so a baseline audited against many patches is parsed once."""
+    return SourceModel(text, path)
+
+
+@functools.lru_cache(maxsize=4)
+def _plain_findings(text: str, path: str, rule_id: str, precision: tuple, protected: tuple) -> tuple[Finding, ...]:
+    return tuple(RULES[rule_id].check(_model(text, path), _context(precision, protected)))
+
+
 def _context(precision, protected, baseline=None) -> AuditContext:
     return AuditContext(tuple(precision), tuple(protected), baseline)
 
@@ -55,7 +67,8 @@ def audit_diff(baseline_text: str, patched_text: str, path: str = "<string>", pr
     A shortcut the baseline already has is the user's own code, not the candidate's doing;
     findings are matched by rule, message and source text, not by line, so moved code stays matched.
     """
-    before = SourceModel(baseline_text, path)
+    precision, protected = tuple(precision), tuple(protected)
+    before = _model(baseline_text, path)
     after = SourceModel(patched_text, path)
     plain, diff = _context(precision, protected), _context(precision, protected, before)
     findings: list[Finding] = []
@@ -63,7 +76,7 @@ def audit_diff(baseline_text: str, patched_text: str, path: str = "<string>", pr
         if rule.needs_baseline:
             findings += rule.check(after, diff)
             continue
-        already = Counter(f.key for f in rule.check(before, plain))
+        already = Counter(f.key for f in _plain_findings(baseline_text, path, rule.id, precision, protected))
         for f in rule.check(after, plain):
             if already[f.key] > 0:
                 already[f.key] -= 1
