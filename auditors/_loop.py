@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ._source import SourceModel, dotted
+from ._work import CLOCKS, UpdateWork
 
 __all__ = ["Op", "Region", "LoopModel", "UPDATE_KINDS", "RANGE_CUT"]
 
@@ -36,19 +37,8 @@ KIND_WORDS = {"forward": "the forward pass", "loss": "the loss", "backward": "ba
 # (`step > 10`, `step <= 5`) skips it for whole stretches of steps.
 RANGE_CUT = re.compile(r"(?<![<>])[<>]=?(?![<>])")
 
-CLOCKS = ("time.perf_counter", "time.perf_counter_ns", "time.time", "time.time_ns", "time.monotonic",
-          "time.monotonic_ns", "time.process_time", "time.process_time_ns", "timeit.default_timer")
-_COLLECTIVES = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor",
-                "broadcast", "barrier", "reduce", "all_to_all", "all_to_all_single"}
 _JOINS = {"join", "result", "wait", "wait_stream", "synchronize", "get"}
-_HANDOFF_TARGETS = {"threading.Thread": "a thread", "multiprocessing.Process": "a process",
-                    "threading.Timer": "a thread", "asyncio.to_thread": "a thread"}
-_HANDOFF_METHODS = {"submit": "an executor", "map": "an executor", "apply_async": "a process pool",
-                    "run_in_executor": "an executor"}
 _STEP_WORDS = ("step", "iter", "it", "epoch", "global_step", "iteration", "batch_idx")
-_BUILTINS = {"next", "iter", "len", "list", "tuple", "dict", "zip", "enumerate", "range", "float", "int",
-             "sum", "min", "max", "abs", "round", "sorted", "print", "isinstance", "getattr"}
-_ANYWHERE = -1  # a loss alias on an attribute may be computed in any method
 _MEASURE_ATTRS = {"enabled", "total_steps", "recording", "active"}
 
 
@@ -93,31 +83,11 @@ class LoopModel:
 
     def __init__(self, source: SourceModel) -> None:
         self.source = source
-        self.functions = source.functions()
-        self._imported_names: set[str] | None = None
-        self._losses: dict[str, list[cst.CSTNode]] | None = None
-        self.optimizers, self.schedulers, self.scalers, self.events = self._typed_names()
+        self.work = UpdateWork(source)
+        self.functions = self.work.functions
         self.regions = self._explicit_regions() or self._loop_regions()
         self.ops: list[Op] = []
         self._classify()
-
-    # -- names with a known type -----------------------------------------------------------
-    def _typed_names(self):
-        src = self.source
-        opts, scheds, scalers, events = set(), set(), set(), set()
-        for node in src.of_type(cst.Assign):
-            if not isinstance(node.value, cst.Call):
-                continue
-            names = {n for n in (dotted(t.target) for t in node.targets) if n}
-            if src.resolves_to(node.value, "torch.optim.lr_scheduler"):
-                scheds |= names
-            elif src.resolves_to(node.value, "torch.optim"):
-                opts |= names
-            elif any(q.endswith("GradScaler") for q in src.qnames(node.value)):
-                scalers |= names
-            elif src.resolves_to(node.value, "torch.cuda.Event", "torch.Event"):
-                events |= names
-        return opts, scheds, scalers, events
 
     # -- regions ---------------------------------------------------------------------------
     def _enclosing_loops(self, node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -160,7 +130,7 @@ class LoopModel:
                 if src.resolves_to(node.func, *CLOCKS):
                     return "timer"
                 if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "record"
-                        and dotted(node.func.value) in self.events):
+                        and dotted(node.func.value) in self.work.events):
                     return "cuda_event"
         return None
 
@@ -185,7 +155,7 @@ class LoopModel:
         """No explicit timer: each loop around an optimizer step is measured per iteration."""
         regions, seen = [], set()
         for call in self.source.of_type(cst.Call):
-            if self._kind(call) != "optimizer_step":
+            if self.work.kind(call) != "optimizer_step":
                 continue
             loops = self._enclosing_loops(call)
             if loops and id(loops[0]) not in seen:
@@ -194,140 +164,22 @@ class LoopModel:
         return regions
 
     # -- classification ----------------------------------------------------------------------
-    def _kind(self, call: cst.Call) -> str | None:
-        src, func = self.source, call.func
-        attr = func.attr.value if isinstance(func, cst.Attribute) else None
-        receiver = dotted(func.value) if isinstance(func, cst.Attribute) else None
-        if attr == "backward" or src.resolves_to(func, "torch.autograd.backward"):
-            return "backward"
-        if attr in ("clip_grad_norm_", "clip_grad_value_") or src.resolves_to(
-                func, "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
-                "torch.nn.utils.clip_grad"):
-            return "clip"
-        if attr == "zero_grad":
-            return "zero_grad"
-        if src.resolves_to(func, "torch.cuda.synchronize", "torch.xpu.synchronize", "torch.mps.synchronize") \
-                or (attr in ("synchronize", "wait_stream") and receiver is not None and "event" not in receiver):
-            return "sync"
-        if src.resolves_to(func, *(f"torch.distributed.{c}" for c in _COLLECTIVES)):
-            return "collective"
-        if attr == "step" and receiver is not None and not src.probe_object(func.value):
-            last = receiver.rsplit(".", 1)[-1].lower()
-            if receiver in self.schedulers or "sched" in last:
-                return "scheduler_step"
-            if receiver in self.optimizers or receiver in self.scalers or "opt" in last or "scaler" in last:
-                return "optimizer_step"
-        return None
-
-    def owner(self, node: cst.CSTNode) -> cst.CSTNode:
-        """The function a node runs in (the module for top-level code)."""
-        return next((a for a in self.source.ancestors(node) if isinstance(a, cst.FunctionDef)), self.source.module)
-
-    def _loss_names(self) -> dict[str, set[int]]:
-        """Names backward() is called on, with the functions where they are that loss.
-
-        ``loss.backward()`` and ``scaler.scale(loss).backward()`` both name ``loss``; a plain
-        alias (``loss = self._cached``) makes ``self._cached`` a loss too, in any method.
-        """
-        names: dict[str, set[int]] = {}
-        for call in self.source.of_type(cst.Call):
-            if self._kind(call) != "backward" or not isinstance(call.func, cst.Attribute):
-                continue
-            target = call.func.value
-            if isinstance(target, cst.Call) and target.args:  # scaler.scale(loss)
-                target = target.args[0].value
-            if (name := dotted(target)) is not None:
-                names.setdefault(name, set()).add(id(self.owner(call)))
-        for _ in range(2):
-            for node in self.source.of_type(cst.Assign):
-                alias = dotted(node.value)
-                if alias is None:
-                    continue
-                for t in node.targets:
-                    name = dotted(t.target)
-                    if name in names and id(self.owner(node)) in names[name] | {_ANYWHERE}:
-                        names.setdefault(alias, set()).add(_ANYWHERE if "." in alias else id(self.owner(node)))
-        return names
-
-    def loss_assignments(self) -> dict[str, list[cst.CSTNode]]:
-        """For each loss name, the statements that compute it with a call (``loss = model(x, y)``)."""
-        if self._losses is not None:
-            return self._losses
-        out: dict[str, list[cst.CSTNode]] = {}
-        losses = self._loss_names()
-        for node in self.source.of_type(cst.Assign, cst.AnnAssign, cst.AugAssign):
-            targets = node.targets if isinstance(node, cst.Assign) else [node]
-            names = set()
-            for t in targets:
-                expr = t.target
-                elements = expr.elements if isinstance(expr, (cst.Tuple, cst.List)) else [expr]
-                names |= {n for n in (dotted(e.value if isinstance(e, cst.BaseElement) else e) for e in elements) if n}
-            value = node.value
-            if value is None or not any(isinstance(d, cst.Call) for d in self.source.descendants(value)):
-                continue
-            for name in names & set(losses):
-                if _ANYWHERE in losses[name] or id(self.owner(node)) in losses[name]:
-                    out.setdefault(name, []).append(node)
-        self._losses = out
-        return out
-
-    def _imported(self) -> set[str]:
-        names = set()
-        for node in self.source.of_type(cst.Import, cst.ImportFrom):
-            if isinstance(node.names, cst.ImportStar):
-                continue
-            for alias in node.names:
-                bound = alias.asname.name if alias.asname else alias.name
-                if (name := dotted(bound)) is not None:
-                    names.add(name.split(".")[0])
-        return names
-
-    def _forward_feeders(self, loss_stmt: cst.CSTNode) -> list[cst.CSTNode]:
-        """Assignments in the same function whose value the loss reads and that call a model object.
-
-        A model object is a variable (``model``, ``self.model``, ``step_fn``): not an imported
-        or built-in function, not a function defined in the file (``get_batch`` is data, not forward).
-        """
-        src = self.source
-        scope = next((a for a in src.ancestors(loss_stmt) if isinstance(a, cst.FunctionDef)), src.module)
-        read = {n.value for n in src.descendants(loss_stmt.value) if isinstance(n, cst.Name)}
-        if self._imported_names is None:
-            self._imported_names = self._imported()
-        feeders = []
-        for node in src.descendants(scope):
-            if not isinstance(node, cst.Assign) or node is loss_stmt or not isinstance(node.value, cst.Call):
-                continue
-            targets = set()
-            for t in node.targets:
-                elements = t.target.elements if isinstance(t.target, (cst.Tuple, cst.List)) else [t.target]
-                targets |= {e.value.value if isinstance(e, cst.BaseElement) and isinstance(e.value, cst.Name)
-                            else getattr(e, "value", None) for e in elements}
-            callee = dotted(node.value.func)
-            if not (targets & read) or callee is None:
-                continue
-            head = callee.split(".")[0]
-            builtin = any(q.startswith("builtins.") for q in src.qnames(node.value.func))
-            if builtin or head in self._imported_names or head in _BUILTINS or callee in self.functions:
-                continue
-            feeders.append(node)
-        return feeders
-
     def _classify(self) -> None:
         src = self.source
         op_nodes: dict[int, Op] = {}
         for call in src.of_type(cst.Call):
-            kind = self._kind(call)
+            kind = self.work.kind(call)
             if kind:
                 op_nodes[id(call)] = Op(kind, call)
-            target, how = self._handoff(call)
+            target, how = self.work.handoff(call)
             if how and isinstance(target, cst.Attribute):  # pool.submit(opt.step): the method itself
-                kind = self._kind(cst.Call(func=target))
+                kind = self.work.kind(cst.Call(func=target))
                 if kind:
                     op_nodes[id(target)] = Op(kind, target)
-        for statements in self.loss_assignments().values():
+        for statements in self.work.loss_assignments().values():
             for stmt in statements:
                 op_nodes[id(stmt)] = Op("loss", stmt)
-                for feeder in self._forward_feeders(stmt):
+                for feeder in self.work.forward_feeders(stmt):
                     op_nodes.setdefault(id(feeder), Op("forward", feeder))
         self.ops = list(op_nodes.values())
         for region in self.regions:
@@ -377,14 +229,14 @@ class LoopModel:
             for child in (node.body, node.orelse):
                 self._walk(child, region, steps, op_nodes, conditions + (guard,), handed_off, depth, seen)
             return
-        if isinstance(node, cst.With) and not handed_off and self._side_stream(node) and not self._joined(node, region):
+        if isinstance(node, cst.With) and not handed_off and self.work.side_stream(node) and not self._joined(node, region):
             for child in src.children(node):
                 self._walk(child, region, steps, op_nodes, conditions, "another CUDA stream", depth, seen)
             return
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return  # defined here, run when called
         if isinstance(node, cst.Call) and depth < 4:
-            target, how = self._handoff(node)
+            target, how = self.work.handoff(node)
             if how and self._joined(node, region):
                 how = None
             for fn in self._callees(node, target):
@@ -420,24 +272,6 @@ class LoopModel:
             fn = self.functions.get(key)
             return [fn] if fn else []
         return []
-
-    def _handoff(self, call: cst.Call) -> tuple[cst.CSTNode | None, str | None]:
-        src = self.source
-        for qname, how in _HANDOFF_TARGETS.items():
-            if src.resolves_to(call.func, qname):
-                for arg in call.args:
-                    if arg.keyword is not None and arg.keyword.value == "target":
-                        return arg.value, how
-                if qname == "asyncio.to_thread" and call.args:
-                    return call.args[0].value, how
-                return None, None
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _HANDOFF_METHODS and call.args:
-            return call.args[0].value, _HANDOFF_METHODS[call.func.attr.value]
-        return None, None
-
-    def _side_stream(self, node: cst.With) -> bool:
-        return any(isinstance(i.item, cst.Call) and self.source.resolves_to(i.item.func, "torch.cuda.stream")
-                   for i in node.items)
 
     def _joined(self, node: cst.CSTNode, region: Region) -> bool:
         """Does the region wait for what ``node`` started (join, result, wait_stream, synchronize) after it?"""

@@ -28,14 +28,14 @@ class CachedResult(Rule):
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
         model = source.loop_model()
-        assignments = model.loss_assignments()
+        assignments = model.work.loss_assignments()
         findings = []
         for op in model.ops:
             if op.kind != "backward" or not isinstance(op.node.func, cst.Attribute):
                 continue
             loop = self._loop_in_function(source, op.node)
             name = self._loss_name(op.node)
-            computed = [s for s in assignments.get(name, []) if model.owner(s) is model.owner(op.node)]
+            computed = [s for s in assignments.get(name, []) if model.work.owner(s) is model.work.owner(op.node)]
             if loop is not None and computed and not any(source.inside(s, loop) for s in computed):
                 findings.append(self.finding(source, op.node, f"`{name}` is computed once, outside the loop, and "
                                              "backward() reuses it every step"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .._rule import AuditContext, Example, Finding, Rule
-from .._source import SourceModel, dotted, string_value
+from .._source import SourceModel, string_value
 
 _DTYPES = {"torch.float16": "fp16", "torch.half": "fp16", "torch.bfloat16": "bf16",
            "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8", "torch.float8_e4m3fnuz": "fp8",
