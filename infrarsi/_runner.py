@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from infrarsi._candidate import Candidate
@@ -20,7 +19,7 @@ from infrarsi._environment import workload_env
 from infrarsi._fingerprint import environment_fingerprint
 from infrarsi._hashing import diff_hashes, hash_framework, hash_protected
 from infrarsi._launch import GUARD_INTERVAL_S, LaunchSpec, launch
-from infrarsi._patch import PatchParseError, parse_patch
+from infrarsi._sources import pre_images
 from infrarsi._receipts import parse_receipts
 from infrarsi._sandbox import PatchRejected, make_sandbox
 from infrarsi.probe import RECEIPTS_ENV, STEPS_ENV
@@ -83,7 +82,7 @@ class LocalExecutor:
 
     def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate) -> ExecutionResult:
         """Execute ``candidate``; ``pinned`` is the manifest's {path: sha256}."""
-        sources = self._sources(contract, candidate)
+        sources = pre_images(contract.workspace, candidate.patches)
         box = make_sandbox(contract.workspace)
         try:
             before = hash_protected(box.workspace, contract.protected_globs)
@@ -98,22 +97,6 @@ class LocalExecutor:
         finally:
             if not self.keep_sandbox:
                 box.remove()
-
-    def _sources(self, contract: Contract, candidate: Candidate) -> dict[str, bytes]:
-        """The pre-images of every file the patches touch, as they are in the workspace."""
-        out: dict[str, bytes] = {}
-        for patch in candidate.patches:
-            try:
-                changes = parse_patch(patch.text)
-            except PatchParseError:
-                continue
-            for change in changes:
-                if change.old is None:
-                    continue
-                path = contract.workspace / change.old
-                if path.is_file() and path.resolve().is_relative_to(contract.workspace.resolve()):
-                    out[change.old] = path.read_bytes()
-        return out
 
     def _launch(self, contract, pinned, candidate, box, before, sources) -> ExecutionResult:
         argv, knob_env = build_argv(contract, candidate)

@@ -7,10 +7,27 @@ import tempfile
 from pathlib import Path
 
 from infrarsi._candidate import PatchRef
-from infrarsi._patch import parse_patch
+from infrarsi._patch import PatchParseError, parse_patch
 from infrarsi._sandbox import Sandbox
 
-__all__ = ["changed_sources"]
+__all__ = ["changed_sources", "pre_images"]
+
+
+def pre_images(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str, bytes]:
+    """The workspace files the patches touch, as they are before patching (ledger evidence)."""
+    out: dict[str, bytes] = {}
+    for patch in patches:
+        try:
+            changes = parse_patch(patch.text)
+        except PatchParseError:
+            continue
+        for change in changes:
+            if change.old is None:
+                continue
+            path = workspace / change.old
+            if path.is_file() and path.resolve().is_relative_to(workspace.resolve()):
+                out[change.old] = path.read_bytes()
+    return out
 
 
 def _read(path: Path) -> str | None:

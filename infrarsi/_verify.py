@@ -18,7 +18,7 @@ from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candi
 from infrarsi._hashing import hash_protected
 from infrarsi._runner import ExecutionResult
 from infrarsi._sandbox import PatchRejected
-from infrarsi._sources import changed_sources
+from infrarsi._sources import changed_sources, pre_images
 from infrarsi.auditors import AUDITOR_VERSION, audit_check_ids, check_sources
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.verifiers import (RULE_VERSION, BaselineReference, CheckResult, Rules, RunEvidence, check_manifest,
@@ -145,7 +145,8 @@ class _Verification:
             checks += self._audit()
         if _failed(checks) and not self.keep_going:
             result = ExecutionResult(self.candidate, "rejected", detail="rejected before running: "
-                                     + "; ".join(c.detail for c in checks if not c.passed))
+                                     + "; ".join(c.detail for c in checks if not c.passed),
+                                     sources=pre_images(contract.workspace, self.candidate.patches))
             self._record(result, "verify", checks)
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
 

@@ -69,3 +69,15 @@ def test_cheat_only_the_source_audit_can_see(tinygpt_workspace, name):
     assert not outcome.accepted
     failing = {c.id for c in outcome.checks if c.status in ("fail", "unchecked")}
     assert failing == set(AUDIT[name]), [c.to_json() for c in outcome.checks if not c.passed]
+
+
+def test_a_candidate_rejected_before_running_keeps_its_evidence(tinygpt_workspace):
+    """The ledger row of an audit rejection holds the patch and the source it applied to, for re-audit."""
+    from infrarsi._workspace import open_workspace
+
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "cheat" / "slow-clock.diff")], pairs=0)
+    with open_workspace(tinygpt_workspace) as ws:
+        row = ws.ledger.get_execution(outcome.executions[-1])
+        assert row["status"] == "rejected" and "train.py" in row["sources"]
+        assert ws.ledger.get_blob(row["sources"]["train.py"]) == (tinygpt_workspace.parent / "train.py").read_bytes()
+        assert any(v["id"] == "audit.clock_patched" and v["status"] == "fail" for v in row["verdicts"])
