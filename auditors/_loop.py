@@ -179,7 +179,7 @@ class LoopModel:
         for statements in self.work.loss_assignments().values():
             for stmt in statements:
                 op_nodes[id(stmt)] = Op("loss", stmt)
-                for feeder in self.work.forward_feeders(stmt):
+                for feeder in self.work.forward_feeders(stmt) + self.work.inline_forwards(stmt):
                     op_nodes.setdefault(id(feeder), Op("forward", feeder))
         self.ops = list(op_nodes.values())
         for region in self.regions:

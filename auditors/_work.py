@@ -142,34 +142,43 @@ class UpdateWork:
                     names.add(name.split(".")[0])
         return names
 
-    def forward_feeders(self, loss_stmt: cst.CSTNode) -> list[cst.CSTNode]:
-        """Assignments in the same function whose value the loss reads and that call a model object.
+    def is_model_call(self, call: cst.CSTNode) -> bool:
+        """A call of a model object: ``model(x)``, ``step_fn(x)``, ``self.model(x)``.
 
-        A model object is a variable (``model``, ``self.model``, ``step_fn``): not an imported
-        or built-in function, not a function defined in the file (``get_batch`` is data, not forward).
+        Not an imported or built-in function, not a function or method defined in the file
+        (``get_batch`` is data, not forward), not a method of some value (``logits.flatten()``).
         """
+        if not isinstance(call, cst.Call) or (callee := dotted(call.func)) is None:
+            return False
+        parts = callee.split(".")
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] not in ("self", "cls")):
+            return False
+        if self._imported_names is None:
+            self._imported_names = self._imported()
+        if any(q.startswith("builtins.") for q in self.source.qnames(call.func)):
+            return False
+        return not (parts[0] in self._imported_names or parts[0] in _BUILTINS or parts[-1] in self.functions)
+
+    def inline_forwards(self, loss_stmt: cst.CSTNode) -> list[cst.CSTNode]:
+        """Model calls inside the loss statement itself (``loss = F.cross_entropy(model(x), y)``)."""
+        return [n for n in self.source.descendants(loss_stmt.value) if self.is_model_call(n)]
+
+    def forward_feeders(self, loss_stmt: cst.CSTNode) -> list[cst.CSTNode]:
+        """Assignments in the same function whose value the loss reads and that call a model object."""
         src = self.source
         scope = next((a for a in src.ancestors(loss_stmt) if isinstance(a, cst.FunctionDef)), src.module)
         read = {n.value for n in src.descendants(loss_stmt.value) if isinstance(n, cst.Name)}
-        if self._imported_names is None:
-            self._imported_names = self._imported()
         feeders = []
         for node in src.descendants(scope):
-            if not isinstance(node, cst.Assign) or node is loss_stmt or not isinstance(node.value, cst.Call):
+            if not isinstance(node, cst.Assign) or node is loss_stmt or not self.is_model_call(node.value):
                 continue
             targets = set()
             for t in node.targets:
                 elements = t.target.elements if isinstance(t.target, (cst.Tuple, cst.List)) else [t.target]
                 targets |= {e.value.value if isinstance(e, cst.BaseElement) and isinstance(e.value, cst.Name)
                             else getattr(e, "value", None) for e in elements}
-            callee = dotted(node.value.func)
-            if not (targets & read) or callee is None:
-                continue
-            head = callee.split(".")[0]
-            builtin = any(q.startswith("builtins.") for q in src.qnames(node.value.func))
-            if builtin or head in self._imported_names or head in _BUILTINS or callee in self.functions:
-                continue
-            feeders.append(node)
+            if targets & read:
+                feeders.append(node)
         return feeders
 
     def handoff(self, call: cst.Call) -> tuple[cst.CSTNode | None, str | None]:

@@ -29,6 +29,10 @@ class TimingBoundary(Rule):
         Example(_BASE.replace("        opt.zero_grad()\n", "").replace("        loss = model", "        opt.zero_grad()\n        loss = model"),
                 baseline=_BASE, note="zero_grad moved to the start of the step: still measured"),
         Example(_BASE.replace("loss = model(x, y)", "loss = compiled(x, y)"), baseline=_BASE),
+        Example(_BASE.replace("loss = model(x, y)", "loss = F.cross_entropy(model(x), y)"),
+                baseline=_BASE.replace("loss = model(x, y)", "logits = model(x)\n        loss = F.cross_entropy(logits, y)")
+                .replace("from infrarsi", "import torch.nn.functional as F\nfrom infrarsi"),
+                note="the forward folded into the loss line: still measured"),
         Example('''
 from infrarsi import probe as pr
 p = pr.from_env()
@@ -62,6 +66,8 @@ for step in range(steps):
 ''', note="handed to an executor, but the region waits for it"),
     ]
     INVALID = [
+        Example(_BASE.replace("        loss = model(x, y)\n", "").replace("    with p.step", "    loss = model(x, y)\n    with p.step"),
+                baseline=_BASE, note="the forward and loss computed before the measured region"),
         Example(_BASE.replace("        opt.step()\n        opt.zero_grad()\n", "    opt.step()\n    opt.zero_grad()\n"),
                 baseline=_BASE, note="optimizer update moved after the measured region"),
         Example(_BASE.replace("        opt.step()\n", "        if step <= 5:\n            opt.step()\n"),
