@@ -137,8 +137,8 @@ class _Locator:
 
 
 class _Parser:
-    def __init__(self, path: Path, text: str) -> None:
-        self.path, self.text = path, text
+    def __init__(self, path: Path, text: str, check_files: bool = True) -> None:
+        self.path, self.text, self.check_files = path, text, check_files
         self.file = str(path)
         self.locate = _Locator(text)
 
@@ -253,7 +253,8 @@ class _Parser:
             self.fail("scope", "protected", f"glob {sorted(both)[0]!r} is both editable and protected")
         # A file matched by both an editable and a protected glob is just as contradictory.
         workspace = self.path.parent
-        for path in sorted(p for p in workspace.rglob("*") if p.is_file() and ".infrarsi" not in p.parts):
+        files = workspace.rglob("*") if self.check_files else ()
+        for path in sorted(p for p in files if p.is_file() and ".infrarsi" not in p.parts):
             rel = path.relative_to(workspace).as_posix()
             edit = next((g for g in scope.editable if matches(rel, g)), None)
             prot = next((g for g in scope.protected if matches(rel, g)), None)
@@ -308,7 +309,7 @@ class _Parser:
                 self.fail("patches", "name", f"duplicate patch name {values['name']!r}", index)
             problem = check_glob(values["file"])
             path = self.path.parent / values["file"]
-            if problem or not path.is_file():
+            if problem or (self.check_files and not path.is_file()):
                 self.fail("patches", "file", f"expected an existing diff file in the workspace, "
                                              f"got {values['file']!r} ({problem or 'no such file'})", index)
             specs.append(PatchSpec(values["name"], values["file"], path))
@@ -346,9 +347,13 @@ def _show(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
-def parse_contract(text: str, path: str | Path) -> Contract:
-    """Validate contract ``text`` as if read from ``path`` (its folder is the workspace)."""
-    return _Parser(Path(path).resolve(), text).parse()
+def parse_contract(text: str, path: str | Path, check_files: bool = True) -> Contract:
+    """Validate contract ``text`` as if read from ``path`` (its folder is the workspace).
+
+    ``check_files=False`` skips what needs the workspace itself (patch files exist, no file
+    both editable and protected): for judging stored evidence where the workspace is gone.
+    """
+    return _Parser(Path(path).resolve(), text, check_files).parse()
 
 
 def load_contract(path: str | Path = DEFAULT_CONTRACT) -> Contract:

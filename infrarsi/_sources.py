@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from infrarsi._candidate import PatchRef
 from infrarsi._patch import PatchParseError, parse_patch
 from infrarsi._sandbox import Sandbox
 
-__all__ = ["changed_sources", "pre_images"]
+__all__ = ["apply_to", "changed_sources", "pre_images"]
 
 
 def pre_images(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str, bytes]:
@@ -30,8 +29,12 @@ def pre_images(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str, byte
     return out
 
 
-def _read(path: Path) -> str | None:
-    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _python_paths(patches: tuple[PatchRef, ...]) -> set[str]:
+    return {p for patch in patches for change in parse_patch(patch.text) for p in change.paths if p.endswith(".py")}
 
 
 def changed_sources(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str, tuple[str | None, str | None]]:
@@ -41,10 +44,20 @@ def changed_sources(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str,
     scratch copy of just those files, so the workspace is never written. Raises
     PatchRejected when they do not apply.
     """
-    touched: set[str] = set()
-    for patch in patches:
-        for change in parse_patch(patch.text):
-            touched.update(p for p in change.paths if p.endswith(".py"))
+    files = {}
+    for rel in _python_paths(patches):
+        path = workspace / rel
+        if path.is_file():
+            files[rel] = path.read_bytes()
+    return apply_to(files, patches)
+
+
+def apply_to(files: dict[str, bytes], patches: tuple[PatchRef, ...]) -> dict[str, tuple[str | None, str | None]]:
+    """The same from stored pre-images (``files``: path -> bytes), as ``infrarsi audit`` has them.
+
+    A touched ``.py`` path missing from ``files`` is a file the patch creates.
+    """
+    touched = _python_paths(patches)
     if not touched:
         return {}
     box = Sandbox(Path(tempfile.mkdtemp(prefix="infrarsi-audit-")))
@@ -52,14 +65,14 @@ def changed_sources(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str,
         box.workspace.mkdir()
         box.home.mkdir()
         for rel in touched:
-            src = workspace / rel
-            if src.is_file():
+            if rel in files:
                 (box.workspace / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, box.workspace / rel)
+                (box.workspace / rel).write_bytes(files[rel])
         for patch in patches:
-            if any(p.endswith(".py") for c in parse_patch(patch.text) for p in c.paths):
+            if _python_paths((patch,)):
                 box.apply(patch.name, patch.text, include="*.py")
-        return {rel: (_read(workspace / rel), _read(box.workspace / rel))
-                for rel in sorted(touched)}
+        after = {rel: (box.workspace / rel).read_bytes() if (box.workspace / rel).is_file() else None
+                 for rel in touched}
+        return {rel: (_text(files.get(rel)), _text(after[rel])) for rel in sorted(touched)}
     finally:
         box.remove()

@@ -102,13 +102,14 @@ def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[s
         pairs = ws.contract.search.ab_pairs if pairs is None else pairs
         if pairs < 0:
             raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")
-        return _Verification(ws, candidate, stored["summary"], pairs, progress, keep_going).run()
+        return _Verification(ws, candidate, stored, pairs, progress, keep_going).run()
 
 
 class _Verification:
-    def __init__(self, ws: Workspace, candidate: Candidate, summary: dict, pairs: int, progress,
+    def __init__(self, ws: Workspace, candidate: Candidate, baseline: dict, pairs: int, progress,
                  keep_going: bool = False) -> None:
-        self.ws, self.candidate, self.summary, self.pairs = ws, candidate, summary, pairs
+        self.ws, self.candidate, self.pairs = ws, candidate, pairs
+        self.summary, self.baseline_id = baseline["summary"], baseline["id"]
         self.keep_going = keep_going
         self.progress = progress
         self.batch = uuid.uuid4().hex
@@ -124,7 +125,8 @@ class _Verification:
 
     def _record(self, result: ExecutionResult, kind: str, checks: list[CheckResult]) -> int:
         execution = self.ws.record(result, kind=kind, batch=self.batch, seq=self.seq,
-                                   verdicts=[c.to_json() for c in checks], rule_version=VERDICT_VERSION)
+                                   verdicts=[c.to_json() for c in checks], rule_version=VERDICT_VERSION,
+                                   baseline_id=self.baseline_id)
         self.seq += 1
         self.executions.append(execution)
         return execution

@@ -97,7 +97,8 @@ class Workspace:
         return self.record(result, kind, batch, seq), result
 
     def record(self, result: ExecutionResult, kind: str, batch: str, seq: int = 0,
-               verdicts: list[dict] | None = None, rule_version: str | None = None) -> int:
+               verdicts: list[dict] | None = None, rule_version: str | None = None,
+               baseline_id: int | None = None) -> int:
         blobs: dict[str, tuple[bytes, str]] = {}
         patches = []
         for patch in result.candidate.patches:
@@ -124,7 +125,7 @@ class Workspace:
             "device_s": result.device_s, "wall_s": result.wall_s,
             "receipts_hash": receipts_hash, "evidence_hash": evidence_hash,
             "stderr_tail": result.stderr_tail[-4000:],
-            "verdicts": verdicts, "rule_version": rule_version,
+            "verdicts": verdicts, "rule_version": rule_version, "baseline_id": baseline_id,
         }, blobs=blobs)
 
 

@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="contract for allowed precisions and protected paths (default: ./infrarsi.toml if any)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
+    p = verbs.add_parser("audit", help="re-verify every stored execution with today's rules: `infrarsi audit LEDGER.db`")
+    p.add_argument("ledger", metavar="LEDGER.db")
+    p.add_argument("--contract", default=None, help="judge by this (newer) contract instead of the stored ones")
+    p.add_argument("--key", default=None, metavar="HEX",
+                   help="the public key to trust (default: the one the manifest beside the ledger pins)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
     p.add_argument("--dir", default=None, help="where to copy the workload (default: ./infrarsi-demo)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -201,6 +208,22 @@ def _cmd_lint(args) -> int:
     return EXIT_OK if report.clean else EXIT_REJECTED
 
 
+def _cmd_audit(args) -> int:
+    from infrarsi._reaudit import audit_ledger
+
+    bar = _progress(args, "audit")
+    with bar or _Null():
+        report = audit_ledger(args.ledger, contract_path=args.contract, trusted_key=args.key,
+                              progress=(lambda done, total: bar.update(done, total, None)) if bar else None)
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        from infrarsi._audit_table import print_report
+
+        print_report(report)
+    return EXIT_OK if report.clean else EXIT_REJECTED
+
+
 def _cmd_demo(args) -> int:
     from infrarsi._demo import demo
 
@@ -227,7 +250,7 @@ def _num(value, fmt: str) -> str:
 
 
 _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
-             "receipt": _cmd_receipt, "lint": _cmd_lint, "demo": _cmd_demo}
+             "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -232,9 +232,25 @@ class Ledger:
     def latest_baseline(self) -> dict | None:
         """The newest baseline ``{id, batch, created_at, summary}``, its signature checked; or None."""
         rows = list(self.db.query("SELECT * FROM baselines ORDER BY id DESC LIMIT 1"))
-        if not rows:
-            return None
-        row = rows[0]
+        return self._baseline(rows[0]) if rows else None
+
+    def baseline(self, baseline_id: int) -> dict | None:
+        """One baseline by id, its signature checked; or None."""
+        rows = list(self.db.query("SELECT * FROM baselines WHERE id = ?", [baseline_id]))
+        return self._baseline(rows[0]) if rows else None
+
+    def baseline_ids(self) -> list[tuple[int, str, str]]:
+        """``(id, batch, created_at)`` of every baseline, oldest first (small: one per `baseline`)."""
+        return [(r["id"], r["batch"], r["created_at"])
+                for r in self.db.query("SELECT id, batch, created_at FROM baselines ORDER BY id")]
+
+    def altered_blobs(self) -> Iterator[tuple[str, str]]:
+        """``(hash, kind)`` of every blob whose content no longer hashes to its key, streamed."""
+        for digest, kind, data in self.db.execute("SELECT hash, kind, data FROM blobs"):
+            if sha256_hex(bytes(data)) != digest:
+                yield digest, kind
+
+    def _baseline(self, row: dict) -> dict:
         if not verify_signature(self.public_key, _baseline_body(row), row["signature"]):
             raise LedgerError(f"{self.path}: baseline {row['id']} (batch {row['batch']!r}): "
                               f"signature does not verify (the row was altered)")

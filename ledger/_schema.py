@@ -33,10 +33,11 @@ EXECUTION_COLUMNS: dict[str, str] = {
     "receipts_hash": "text", "evidence_hash": "text", "stderr_tail": "text",
     "llm_tokens": "int", "llm_cost": "real", "verdicts": "json", "rule_version": "text",
     "prev_hash": "text", "row_hash": "text", "signature": "text",
+    "baseline_id": "int",  # v2: the baseline a judged execution was compared with
 }
 # The row hash always covers these, NULLs included; a column added later is covered only
 # where it holds a value, so rows written before it existed keep their hashes.
-V1_EXECUTION_COLUMNS = tuple(EXECUTION_COLUMNS)
+V1_EXECUTION_COLUMNS = tuple(c for c in EXECUTION_COLUMNS if c != "baseline_id")
 # Set by the ledger, never by a caller.
 LEDGER_SET = frozenset({"id", "created_at", "prev_hash", "row_hash", "signature"})
 
@@ -95,7 +96,13 @@ def _v1(db: sqlite_utils.Database) -> None:
     _append_only(db, "baselines")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+def _v2(db: sqlite_utils.Database) -> None:
+    # Which baseline a judged execution was compared with, so `infrarsi audit` re-judges it
+    # against the same one. Rows written before v2 hold NULL (and their hashes don't cover it).
+    db.execute("ALTER TABLE executions ADD COLUMN baseline_id INTEGER")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

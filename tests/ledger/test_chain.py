@@ -25,9 +25,15 @@ def _report(path: Path, trusted: str | None = None):
         return ledger.verify_chain(trusted)
 
 
+# Columns added by later schema versions are hashed only where they hold a value, so rows
+# written before they existed keep their hashes.
+_LATER_COLUMNS = {"baseline_id"}
+
+
 def _row_hash(row: dict) -> str:
     # Written out independently of the ledger's code: the hashing rule is a format, not an accident.
-    body = {k: v for k, v in row.items() if k not in ("row_hash", "signature")}
+    body = {k: v for k, v in row.items()
+            if k not in ("row_hash", "signature") and (k not in _LATER_COLUMNS or v is not None)}
     return sha256_hex(canonical_json(body))
 
 

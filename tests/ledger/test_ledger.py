@@ -173,10 +173,10 @@ def test_tampered_baseline_is_detected(tmp_path: Path, key: KeyPair, attack: str
 
 def test_migrations_recorded_once(tmp_path: Path, key: KeyPair) -> None:
     path = tmp_path / "l.db"
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
     with Ledger.open(path, key=key, create=True) as ledger:
         first = list(ledger.db.query("SELECT * FROM migrations"))
-    assert [row["version"] for row in first] == [1]
+    assert [row["version"] for row in first] == [1, 2]
     for _ in range(2):
         with Ledger.open(path, key=key) as ledger:
             assert list(ledger.db.query("SELECT * FROM migrations")) == first

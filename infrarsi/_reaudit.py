@@ -1,0 +1,339 @@
+"""`infrarsi audit LEDGER.db`: re-verify every stored execution with today's rules.
+
+From the ledger file alone (plus, beside it, the manifest for a trusted key and the
+receipts): the chain, every blob and signature, then each execution re-judged by the
+current verifiers and auditors over its stored evidence, against the contract stored
+with it (or a newer one) and the baseline it was compared with. Missing evidence is a
+finding (`unchecked`), never a silent pass. Rows are streamed; the source checks of each
+distinct (patches, pre-images, contract scope) are computed once, by content hash.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from infrarsi._candidate import PatchRef, UsageError
+from infrarsi._contract import Contract, ContractError, parse_contract
+from infrarsi._sandbox import PatchRejected
+from infrarsi._sources import apply_to
+from infrarsi._verify import VERDICT_VERSION
+from infrarsi.auditors import audit_check_ids, check_sources
+from infrarsi.ledger import Ledger, LedgerError
+from infrarsi.verifiers import (BaselineReference, CheckResult, Rules, RunEvidence, check_scope, check_speedup,
+                                judge_run)
+
+__all__ = ["AuditReport", "audit_ledger"]
+
+_JUDGED = ("ok", "rejected")  # oom / crash / timeout rows have no complete evidence by nature
+_SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected")
+
+
+@dataclass
+class AuditReport:
+    executions: int = 0
+    previously_accepted: int = 0
+    now_rejected: int = 0
+    rejected_only_by_numerics: int = 0
+    chain_ok: bool = True
+    chain: list[str] = field(default_factory=list)
+    first_bad: int | None = None
+    findings: list[dict] = field(default_factory=list)
+    changed: list[dict] = field(default_factory=list)
+    by_check: dict[str, Counter] = field(default_factory=dict)
+    by_status: Counter = field(default_factory=Counter)
+    receipts: dict = field(default_factory=lambda: {"checked": 0, "bad": []})
+    trusted_key: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.chain_ok and not self.findings
+
+    def to_json(self) -> dict:
+        """DESIGN.md's `audit --json` shape, plus what changed and the per-check tally."""
+        return {"executions": self.executions, "previously_accepted": self.previously_accepted,
+                "now_rejected": self.now_rejected, "rejected_only_by_numerics": self.rejected_only_by_numerics,
+                "chain_ok": self.chain_ok, "chain": self.chain, "first_bad": self.first_bad,
+                "findings": self.findings, "changed": self.changed, "rule_version": VERDICT_VERSION,
+                "by_check": {k: dict(v) for k, v in sorted(self.by_check.items())},
+                "by_status": dict(self.by_status), "receipts": self.receipts, "trusted_key": self.trusted_key}
+
+
+def _trusted_key(ledger_path: Path, key: str | None) -> str | None:
+    """The public key to trust: given, or the one the manifest beside the ledger pins."""
+    if key is not None:
+        return key
+    from infrarsi._manifest import MANIFEST_NAME, ManifestError, load_manifest
+
+    manifest = ledger_path.parent / MANIFEST_NAME
+    if not manifest.exists():
+        return None
+    try:
+        return load_manifest(manifest).public_key
+    except ManifestError:
+        return None
+
+
+class _Evidence:
+    """Blobs, contracts and baselines read from the ledger, each parsed once."""
+
+    def __init__(self, ledger: Ledger, contract_override: Contract | None, workspace: Path) -> None:
+        self.ledger, self.override, self.workspace = ledger, contract_override, workspace
+        self.baselines = ledger.baseline_ids()
+        self.contract = functools.lru_cache(maxsize=64)(self._contract)
+        self.reference = functools.lru_cache(maxsize=64)(self._reference)
+
+    def blob(self, digest: str | None) -> bytes | None:
+        if not digest:
+            return None
+        try:
+            return self.ledger.get_blob(digest)
+        except LedgerError:
+            return None  # altered: reported once by the blob scan; as evidence it is missing
+
+    def _contract(self, digest: str | None) -> Contract | str:
+        if self.override is not None:
+            return self.override
+        data = self.blob(digest)
+        if data is None:
+            return f"the contract {str(digest)[:16]}... is not in the ledger"
+        try:
+            return parse_contract(data.decode("utf-8", "replace"), self.workspace / "infrarsi.toml", check_files=False)
+        except ContractError as exc:
+            return f"the stored contract does not parse under today's rules: {exc}"
+
+    def baseline_for(self, row: dict) -> int | None:
+        if row.get("baseline_id") is not None:
+            return row["baseline_id"]
+        if row.get("kind") == "baseline":
+            return next((i for i, batch, _ in self.baselines if batch == row.get("batch")), None)
+        # Written before rows named their baseline: the newest one recorded before the row.
+        earlier = [i for i, _, created in self.baselines if created <= row.get("created_at", "")]
+        return earlier[-1] if earlier else None
+
+    def _reference(self, baseline_id: int | None) -> BaselineReference | str:
+        if baseline_id is None:
+            return "no baseline recorded before this execution"
+        try:
+            stored = self.ledger.baseline(baseline_id)
+        except LedgerError as exc:
+            return str(exc)
+        if stored is None:
+            return f"baseline {baseline_id} is not in the ledger"
+        return BaselineReference.from_summary(stored["summary"])
+
+
+@functools.lru_cache(maxsize=256)
+def _source_checks(patches: tuple[tuple[str, str], ...], files: tuple[tuple[str, bytes], ...],
+                   editable: tuple[str, ...], protected: tuple[str, ...], precision: tuple[str, ...]
+                   ) -> tuple[CheckResult, ...]:
+    """scope.* and audit.* of one (patches, pre-images, contract scope): judged once per content."""
+    checks = check_scope(dict(patches), list(editable), list(protected))
+    if any(c.id == "scope.parse" and not c.passed for c in checks):
+        return tuple(checks) + tuple(CheckResult(cid, "unchecked", "the patch does not parse; nothing to audit")
+                                     for cid in audit_check_ids())
+    refs = tuple(PatchRef(name, text) for name, text in patches)
+    try:
+        sources = apply_to(dict(files), refs)
+    except PatchRejected as exc:
+        return tuple(checks) + tuple(CheckResult(cid, "fail", f"cannot audit: {exc}") for cid in audit_check_ids())
+    return tuple(checks) + tuple(check_sources(sources, list(precision), list(protected)))
+
+
+def _missing(ids, why: str) -> list[CheckResult]:
+    return [CheckResult(cid, "unchecked", why) for cid in ids]
+
+
+def _run_evidence(ev: _Evidence, row: dict) -> RunEvidence | str:
+    receipts = ev.blob(row.get("receipts_hash"))
+    if receipts is None:
+        return "the receipts are not in the ledger" if row.get("receipts_hash") else "no receipts were recorded"
+    stored = ev.blob(row.get("evidence_hash"))
+    if stored is None:
+        return "the runner's evidence (clock stamps, integrity) is not in the ledger"
+    data = json.loads(stored)
+    return RunEvidence(receipt_lines=receipts.decode("utf-8", "replace").splitlines(),
+                       arrivals_ns=data.get("arrivals_ns"), started_ns=data.get("started_ns"),
+                       ended_ns=data.get("ended_ns"), integrity=data.get("integrity"),
+                       evidence_kind=data.get("evidence_kind", "probe"))
+
+
+_RUN_IDS = ("integrity.protected", "integrity.framework", "timing.window", "timing.clock",
+            "numerics.loss", "numerics.grad_norm", "numerics.precision")
+
+
+def _judge(ev: _Evidence, row: dict) -> list[CheckResult]:
+    """Every check today's rules make of one stored execution."""
+    contract = ev.contract(row.get("contract_hash"))
+    if isinstance(contract, str):
+        return _missing(_SCOPE_IDS + audit_check_ids() + _RUN_IDS, contract)
+    checks = _judge_sources(ev, row, contract)
+    reference = ev.reference(ev.baseline_for(row))
+    if row["status"] == "rejected" and not row.get("receipts_hash") and not row.get("evidence_hash"):
+        # Stopped by a check before it ran (scope, manifest, audit): there is no run to judge.
+        return checks + [CheckResult(cid, "skipped", "never ran: rejected before running") for cid in _RUN_IDS]
+    run = _run_evidence(ev, row)
+    if isinstance(run, str):
+        return checks + _missing(_RUN_IDS, run)
+    if isinstance(reference, str):
+        judged = judge_run(run, BaselineReference(loss=[], grad_norm=[], tokens_per_step=None),
+                           Rules.from_contract(contract))
+        return checks + [c if not c.id.startswith("numerics.") or c.status == "skipped"
+                         else CheckResult(c.id, "unchecked", reference) for c in judged]
+    return checks + judge_run(run, reference, Rules.from_contract(contract))
+
+
+def _judge_sources(ev: _Evidence, row: dict, contract: Contract) -> list[CheckResult]:
+    patches, files = [], []
+    for patch in row.get("patches") or []:
+        text = ev.blob(patch.get("sha256"))
+        if text is None:
+            return _missing(_SCOPE_IDS + audit_check_ids(), f"patch {patch.get('name')!r} is not in the ledger")
+        patches.append((patch.get("name", "?"), text.decode("utf-8", "replace")))
+    for path, digest in sorted((row.get("sources") or {}).items()):
+        data = ev.blob(digest)
+        if data is None:
+            return _missing(audit_check_ids(), f"the pre-image of {path} is not in the ledger") + \
+                list(check_scope(dict(patches), list(contract.scope.editable), list(contract.protected_globs)))
+        files.append((path, data))
+    return list(_source_checks(tuple(patches), tuple(files), tuple(contract.scope.editable),
+                               tuple(contract.protected_globs), tuple(contract.numerics.precision)))
+
+
+def _failing(checks: list[CheckResult]) -> list[CheckResult]:
+    return [c for c in checks if c.status in ("fail", "unchecked")]
+
+
+class _Batches:
+    """A/B step times per verify batch, re-judged by stats.speedup when the batch ends.
+
+    A verify batch's rows are consecutive (one `verify` at a time writes them), so only
+    the current batch is held.
+    """
+
+    def __init__(self) -> None:
+        self._start(None)
+
+    def _start(self, batch: str | None) -> None:
+        self.batch, self.anchor, self.contract = batch, None, None
+        self.times: dict[str, list[float]] = {"ab-baseline": [], "ab-candidate": []}
+
+    def add(self, row: dict, contract) -> list[tuple[int, CheckResult]]:
+        done = []
+        if row.get("batch") != self.batch:
+            done = self.flush()
+            self._start(row.get("batch"))
+        if row.get("kind") == "verify":
+            self.anchor, self.contract = row["id"], contract
+        elif row.get("kind") in self.times and row.get("step_time_s") is not None:
+            self.times[row["kind"]].append(row["step_time_s"])
+        return done
+
+    def flush(self) -> list[tuple[int, CheckResult]]:
+        base, cand = self.times["ab-baseline"], self.times["ab-candidate"]
+        if self.anchor is None or not base or not isinstance(self.contract, Contract):
+            return []
+        pairs = min(len(base), len(cand))
+        check, _ = check_speedup(base[:pairs], cand[:pairs], float(self.contract.search.min_speedup), pairs)
+        return [(self.anchor, check)]
+
+
+def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = None, trusted_key: str | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> AuditReport:
+    """Re-verify a ledger: chain, blobs, signatures, receipts, then every execution re-judged."""
+    path = Path(ledger_path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no ledger there (expected a ledger.db written by infrarsi)")
+    override = None
+    if contract_path is not None:
+        from infrarsi._contract import load_contract
+
+        override = load_contract(contract_path)
+    report = AuditReport(trusted_key=_trusted_key(path, trusted_key))
+    with Ledger.open(path) as ledger:
+        _check_chain(ledger, report, path)
+        ev = _Evidence(ledger, override, path.parent.parent)
+        total = ledger.count()
+        batches = _Batches()
+        for index, row in enumerate(_rows(ledger)):
+            report.executions += 1
+            report.by_status[row["status"]] += 1
+            if progress and (index % 200 == 0 or index + 1 == total):
+                progress(index + 1, total)
+            contract = ev.contract(row.get("contract_hash"))
+            for anchor, check in batches.add(row, contract):
+                _record_batch(report, anchor, check)
+            if row["status"] not in _JUDGED:
+                continue
+            _record(report, row, _judge(ev, row))
+        for anchor, check in batches.flush():
+            _record_batch(report, anchor, check)
+    return report
+
+
+def _rows(ledger: Ledger) -> Iterator[dict]:
+    yield from ledger.executions()
+
+
+def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> None:
+    chain = ledger.verify_chain(report.trusted_key)
+    if not chain.ok:
+        report.chain_ok, report.first_bad = False, chain.first_bad
+        report.chain.append(chain.detail)
+    if report.trusted_key is None:
+        report.chain.append("no trusted key outside the ledger (no manifest beside it, no --key): "
+                            "a swapped key cannot be detected")
+    for digest, kind in ledger.altered_blobs():
+        report.chain_ok = False
+        report.chain.append(f"blob {digest[:16]}... ({kind}) no longer matches its hash: altered")
+    for baseline_id, _, _ in ledger.baseline_ids():
+        try:
+            ledger.baseline(baseline_id)
+        except LedgerError as exc:
+            report.chain_ok = False
+            report.chain.append(str(exc))
+    from infrarsi._receipt import verify_receipt
+
+    key = report.trusted_key or ledger.public_key
+    for receipt in sorted((path.parent / "receipts").glob("*.json")):
+        report.receipts["checked"] += 1
+        check = verify_receipt(receipt, trusted_public_hex=key)
+        if not check.ok:
+            report.chain_ok = False
+            report.receipts["bad"].append({"receipt": receipt.name, "problems": check.problems})
+            report.chain.append(f"receipt {receipt.name}: {'; '.join(check.problems)}")
+
+
+def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:
+    stored = {v.get("id"): v for v in row.get("verdicts") or [] if isinstance(v, dict)}
+    was_accepted = bool(stored) and row["status"] == "ok" and not any(
+        v.get("status") in ("fail", "unchecked") for v in stored.values())
+    failing = _failing(checks)
+    for check in checks:
+        report.by_check.setdefault(check.id, Counter())[check.status] += 1
+        before = stored.get(check.id)
+        if before is not None and before.get("status") != check.status:
+            report.changed.append({"execution": row["id"], "check": check.id, "was": before.get("status"),
+                                   "now": check.status, "stored_rule_version": row.get("rule_version"),
+                                   "detail": check.detail})
+    for check in failing:
+        report.findings.append({"execution": row["id"], "check": check.id, "status": check.status,
+                                "detail": check.detail})
+    if was_accepted:
+        report.previously_accepted += 1
+        if failing:
+            report.now_rejected += 1
+            if all(c.id.startswith("numerics.") for c in failing):
+                report.rejected_only_by_numerics += 1
+
+
+def _record_batch(report: AuditReport, anchor: int, check: CheckResult) -> None:
+    """stats.speedup of one verify batch, from its A/B rows (the verdict itself lives in the receipt)."""
+    report.by_check.setdefault(check.id, Counter())[check.status] += 1
+    if check.status in ("fail", "unchecked"):
+        report.findings.append({"execution": anchor, "check": check.id, "status": check.status,
+                                "detail": check.detail})
