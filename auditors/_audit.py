@@ -97,7 +97,7 @@ def check_sources(sources: dict[str, tuple[str | None, str | None]], precision, 
     for path, (before, after) in sorted(sources.items()):
         try:
             if before is not None:
-                SourceModel(before, path)
+                _model(before, path)
         except SourceError as exc:
             return [CheckResult(cid, "unchecked", f"the baseline's {exc}") for cid in ids]
         try:

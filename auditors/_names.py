@@ -21,6 +21,9 @@ _SCOPES = (cst.Module, cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, 
            cst.GeneratorExp)
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _LOCAL = None  # a binding that is not an import
+_BINDERS = {cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef, cst.Param, cst.AssignTarget, cst.AnnAssign,
+            cst.AugAssign, cst.For, cst.CompFor, cst.WithItem, cst.NamedExpr, cst.ExceptHandler, cst.Global,
+            cst.Nonlocal}
 
 
 def _dotted(expr: cst.CSTNode) -> str | None:
@@ -52,7 +55,8 @@ class NameResolver:
         self._scope_of: dict[cst.CSTNode, cst.CSTNode] = {}
         self.module = nodes[0]
         for node in nodes:
-            self._bind(node)
+            if type(node) in _BINDERS:
+                self._bind(node)
 
     # -- scopes ------------------------------------------------------------------------------
     def scope(self, node: cst.CSTNode) -> cst.CSTNode:

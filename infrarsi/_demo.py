@@ -1,8 +1,9 @@
 """`infrarsi demo`: the bundled workload taken through every stage built so far.
 
 Today: init, baseline, a handful of runs that show what the runner records (real
-speed patches, an out-of-memory cliff, the combination that gets past it), and
-`verify` of the best of them: every check, back-to-back A/B pairs, a signed receipt.
+speed patches, an out-of-memory cliff, the combination that gets past it), `verify`
+of the best of them (every check, back-to-back A/B pairs, a signed receipt), and
+`audit` of the demo's own ledger (every execution re-judged from stored evidence).
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
     folder = _pick_dir(directory)
     contract_path = copy_workload(folder)
     contract = load_contract(contract_path)
-    console.print(f"[bold]1/4 define[/]: copied the bundled workload to {folder}/ and ran `infrarsi init`")
+    console.print(f"[bold]1/5 define[/]: copied the bundled workload to {folder}/ and ran `infrarsi init`")
     result = init(contract_path)
     console.print(f"    pinned {len(result.pinned)} file(s) in a signed manifest; ledger {result.ledger}")
 
-    console.print(f"[bold]2/4 diagnose[/]: `infrarsi baseline --runs {runs}`")
+    console.print(f"[bold]2/5 diagnose[/]: `infrarsi baseline --runs {runs}`")
     report: dict = {"dir": str(folder), "ledger": str(result.ledger), "ok": False, "runs": []}
     bar = None
     if not quiet and sys.stderr.isatty():
@@ -91,7 +92,7 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
                   f"{summary.tokens_per_s:,.0f} tokens/s, peak {summary.peak_mem_mb:.0f} MB "
                   f"of {contract.resources.memory_limit_mb:.0f} MB, MFU {(summary.mfu or 0) * 100:.2f}%")
 
-    console.print("[bold]3/4 explore[/]: single executions with `infrarsi run` (not evidence yet: "
+    console.print("[bold]3/5 explore[/]: single executions with `infrarsi run` (not evidence yet: "
                   "one run each, no checks)")
     table = Table("execution", "candidate", "status", "step ms", "vs baseline", "peak MB")
     for label, sets, patches in DEMO_RUNS:
@@ -109,6 +110,7 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
                       else (f"> {contract.resources.memory_limit_mb:.0f}" if outcome.status == "oom" else "—"))
     console.print(table)
     report["verify"] = _verify_best(console, contract_path, contract, report["runs"])
+    report["audit"] = _audit(console, result.ledger)
     console.print("what to look at next:\n"
                   f"  - the ledger: sqlite3 {result.ledger} 'select id, kind, status, step_time_s, "
                   f"peak_mem_mb, detail from executions'\n"
@@ -117,6 +119,24 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
                      if report["verify"] and report["verify"]["receipt"] else "  - no receipt this time"))
     report["ok"] = True
     return report
+
+
+def _audit(console, ledger: Path) -> dict:
+    """`infrarsi audit` of the demo's own ledger: every execution re-judged from stored evidence."""
+    from infrarsi._reaudit import audit_ledger
+
+    console.print(f"[bold]5/5 audit[/]: `infrarsi audit {ledger}`: the chain, every signature, and every "
+                  "execution re-judged from the stored evidence alone")
+    audited = audit_ledger(ledger)
+    console.print(f"    chain {'ok' if audited.chain_ok else '[red]BROKEN[/]'}; {audited.executions} executions, "
+                  f"{audited.previously_accepted} accepted when stored, {audited.now_rejected} rejected now; "
+                  f"{len(audited.findings)} finding(s)")
+    for finding in audited.findings[:5]:
+        console.print(f"    execution {finding['execution']}: {finding['status']} {finding['check']}: "
+                      f"{finding['detail']}")
+    out = audited.to_json()
+    return {k: out[k] for k in ("executions", "previously_accepted", "now_rejected", "rejected_only_by_numerics",
+                                "chain_ok", "findings")}
 
 
 def _verify_best(console, contract_path: Path, contract, runs: list[dict]) -> dict | None:
@@ -128,7 +148,7 @@ def _verify_best(console, contract_path: Path, contract, runs: list[dict]) -> di
         return None
     best = max(done, key=lambda r: r["speedup_single_run"])
     changed = {k: v for k, v in best["candidate"]["knobs"].items() if contract.knobs[k].baseline != v}
-    console.print(f"[bold]4/4 verify[/]: `infrarsi verify` on the fastest, {best['label']}: every check, "
+    console.print(f"[bold]4/5 verify[/]: `infrarsi verify` on the fastest, {best['label']}: every check, "
                   f"then {contract.search.ab_pairs} back-to-back A/B pairs")
     bar = None
     if sys.stderr.isatty() and not console.quiet:

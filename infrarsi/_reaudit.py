@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import Counter
+import multiprocessing
+import os
+from collections import Counter, OrderedDict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -29,7 +32,8 @@ from infrarsi.verifiers import (BaselineReference, CheckResult, Rules, RunEviden
 
 __all__ = ["AuditReport", "audit_ledger"]
 
-_JUDGED = ("ok", "rejected")  # oom / crash / timeout rows have no complete evidence by nature
+_JUDGED = ("ok", "rejected")
+_CHUNK = 2_000  # rows held at once: their distinct sources are judged together, in parallel  # oom / crash / timeout rows have no complete evidence by nature
 _SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected")
 
 
@@ -127,11 +131,10 @@ class _Evidence:
         return BaselineReference.from_summary(stored["summary"])
 
 
-@functools.lru_cache(maxsize=256)
 def _source_checks(patches: tuple[tuple[str, str], ...], files: tuple[tuple[str, bytes], ...],
                    editable: tuple[str, ...], protected: tuple[str, ...], precision: tuple[str, ...]
                    ) -> tuple[CheckResult, ...]:
-    """scope.* and audit.* of one (patches, pre-images, contract scope): judged once per content."""
+    """scope.* and audit.* of one (patches, pre-images, contract scope); runs in a worker process."""
     checks = check_scope(dict(patches), list(editable), list(protected))
     if any(c.id == "scope.parse" and not c.passed for c in checks):
         return tuple(checks) + tuple(CheckResult(cid, "unchecked", "the patch does not parse; nothing to audit")
@@ -166,12 +169,12 @@ _RUN_IDS = ("integrity.protected", "integrity.framework", "timing.window", "timi
             "numerics.loss", "numerics.grad_norm", "numerics.precision")
 
 
-def _judge(ev: _Evidence, row: dict) -> list[CheckResult]:
+def _judge(ev: _Evidence, sources: "_SourceJudge", row: dict) -> list[CheckResult]:
     """Every check today's rules make of one stored execution."""
     contract = ev.contract(row.get("contract_hash"))
     if isinstance(contract, str):
         return _missing(_SCOPE_IDS + audit_check_ids() + _RUN_IDS, contract)
-    checks = _judge_sources(ev, row, contract)
+    checks = sources.get(_source_key(row, contract))
     reference = ev.reference(ev.baseline_for(row))
     if row["status"] == "rejected" and not row.get("receipts_hash") and not row.get("evidence_hash"):
         # Stopped by a check before it ran (scope, manifest, audit): there is no run to judge.
@@ -187,21 +190,75 @@ def _judge(ev: _Evidence, row: dict) -> list[CheckResult]:
     return checks + judge_run(run, reference, Rules.from_contract(contract))
 
 
-def _judge_sources(ev: _Evidence, row: dict, contract: Contract) -> list[CheckResult]:
-    patches, files = [], []
-    for patch in row.get("patches") or []:
-        text = ev.blob(patch.get("sha256"))
-        if text is None:
-            return _missing(_SCOPE_IDS + audit_check_ids(), f"patch {patch.get('name')!r} is not in the ledger")
-        patches.append((patch.get("name", "?"), text.decode("utf-8", "replace")))
-    for path, digest in sorted((row.get("sources") or {}).items()):
-        data = ev.blob(digest)
-        if data is None:
-            return _missing(audit_check_ids(), f"the pre-image of {path} is not in the ledger") + \
-                list(check_scope(dict(patches), list(contract.scope.editable), list(contract.protected_globs)))
-        files.append((path, data))
-    return list(_source_checks(tuple(patches), tuple(files), tuple(contract.scope.editable),
-                               tuple(contract.protected_globs), tuple(contract.numerics.precision)))
+def _source_key(row: dict, contract: Contract) -> tuple:
+    """What the source checks of a row depend on, by content hash: judged once per distinct key."""
+    patches = tuple((p.get("name", "?"), p.get("sha256")) for p in row.get("patches") or [])
+    files = tuple(sorted((row.get("sources") or {}).items()))
+    return (patches, files, tuple(contract.scope.editable), tuple(contract.protected_globs),
+            tuple(contract.numerics.precision))
+
+
+class _SourceJudge:
+    """scope.* and audit.* by content, computed once per key, the misses of a chunk of rows in parallel."""
+
+    LIMIT = 50_000  # results kept (an LRU): bounded memory however many distinct patches a ledger holds
+
+    def __init__(self, ev: _Evidence, workers: int) -> None:
+        self.ev, self.workers = ev, workers
+        self.results: OrderedDict[tuple, tuple[CheckResult, ...]] = OrderedDict()
+        self._pool = None
+
+    def _job(self, key: tuple) -> tuple | tuple[CheckResult, ...]:
+        """The job's inputs, or the result itself when evidence is missing."""
+        (patches, files, editable, protected, precision) = key
+        texts = []
+        for name, digest in patches:
+            data = self.ev.blob(digest)
+            if data is None:
+                return tuple(_missing(_SCOPE_IDS + audit_check_ids(), f"patch {name!r} is not in the ledger"))
+            texts.append((name, data.decode("utf-8", "replace")))
+        images = []
+        for path, digest in files:
+            data = self.ev.blob(digest)
+            if data is None:
+                return tuple(check_scope(dict(texts), list(editable), list(protected))) + tuple(
+                    _missing(audit_check_ids(), f"the pre-image of {path} is not in the ledger"))
+            images.append((path, data))
+        return (tuple(texts), tuple(images), editable, protected, precision)
+
+    def prefetch(self, keys: list[tuple]) -> None:
+        todo = [k for k in dict.fromkeys(keys) if k not in self.results]
+        jobs = {}
+        for key in todo:
+            job = self._job(key)
+            if job and isinstance(job[0], CheckResult):
+                self._keep(key, job)
+            else:
+                jobs[key] = job
+        if len(jobs) >= 8 and self.workers > 1:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
+            futures = {key: self._pool.submit(_source_checks, *job) for key, job in jobs.items()}
+            for key, future in futures.items():
+                self._keep(key, future.result())
+        else:
+            for key, job in jobs.items():
+                self._keep(key, _source_checks(*job))
+
+    def _keep(self, key: tuple, result: tuple[CheckResult, ...]) -> None:
+        self.results[key] = result
+        if len(self.results) > self.LIMIT:
+            self.results.popitem(last=False)
+
+    def get(self, key: tuple) -> list[CheckResult]:
+        if key not in self.results:
+            self.prefetch([key])
+        self.results.move_to_end(key)
+        return list(self.results[key])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
 
 def _failing(checks: list[CheckResult]) -> list[CheckResult]:
@@ -243,8 +300,11 @@ class _Batches:
 
 
 def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = None, trusted_key: str | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> AuditReport:
-    """Re-verify a ledger: chain, blobs, signatures, receipts, then every execution re-judged."""
+                 progress: Callable[[int, int], None] | None = None, workers: int | None = None) -> AuditReport:
+    """Re-verify a ledger: chain, blobs, signatures, receipts, then every execution re-judged.
+
+    ``workers`` processes judge the distinct sources of each chunk of rows (default: one per CPU).
+    """
     path = Path(ledger_path)
     if not path.is_file():
         raise UsageError(f"{path}: no ledger there (expected a ledger.db written by infrarsi)")
@@ -257,26 +317,39 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
     with Ledger.open(path) as ledger:
         _check_chain(ledger, report, path)
         ev = _Evidence(ledger, override, path.parent.parent)
+        sources = _SourceJudge(ev, workers if workers is not None else (os.cpu_count() or 1))
         total = ledger.count()
         batches = _Batches()
-        for index, row in enumerate(_rows(ledger)):
-            report.executions += 1
-            report.by_status[row["status"]] += 1
-            if progress and (index % 200 == 0 or index + 1 == total):
-                progress(index + 1, total)
-            contract = ev.contract(row.get("contract_hash"))
-            for anchor, check in batches.add(row, contract):
+        try:
+            for chunk in _chunks(ledger.executions(), _CHUNK):
+                judged = [(row, ev.contract(row.get("contract_hash"))) for row in chunk]
+                sources.prefetch([_source_key(row, c) for row, c in judged
+                                  if row["status"] in _JUDGED and isinstance(c, Contract)])
+                for row, contract in judged:
+                    report.executions += 1
+                    report.by_status[row["status"]] += 1
+                    if progress and (report.executions % 200 == 0 or report.executions == total):
+                        progress(report.executions, total)
+                    for anchor, check in batches.add(row, contract):
+                        _record_batch(report, anchor, check)
+                    if row["status"] in _JUDGED:
+                        _record(report, row, _judge(ev, sources, row))
+            for anchor, check in batches.flush():
                 _record_batch(report, anchor, check)
-            if row["status"] not in _JUDGED:
-                continue
-            _record(report, row, _judge(ev, row))
-        for anchor, check in batches.flush():
-            _record_batch(report, anchor, check)
+        finally:
+            sources.close()
     return report
 
 
-def _rows(ledger: Ledger) -> Iterator[dict]:
-    yield from ledger.executions()
+def _chunks(rows: Iterator[dict], size: int) -> Iterator[list[dict]]:
+    chunk: list[dict] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline, runs and verify.
+"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline, runs, verify and audit.
 
 Real training runs in subprocesses; the statuses asserted here are the workload's
 calibration (the memory cliff and the combination that gets past it).
@@ -36,6 +36,10 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     receipt = subprocess.run([sys.executable, "-m", "infrarsi.cli", "receipt", "verify", verified["receipt"]],
                              capture_output=True, text=True, timeout=60)
     assert receipt.returncode == 0, receipt.stdout
+
+    audited = report["audit"]
+    assert audited["chain_ok"] is True and audited["findings"] == [], audited
+    assert audited["executions"] == 3 + len(report["runs"]) + 1 + 2 * 5 and audited["now_rejected"] == 0
 
     manifest = json.loads((folder / ".infrarsi" / "manifest.json").read_text())
     with Ledger.open(folder / ".infrarsi" / "ledger.db") as ledger:
