@@ -85,6 +85,10 @@ SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "
 # -- the template ----------------------------------------------------------------------------
 
 
+# What an older InfraRSI wrote in rule_version: its verdicts are re-judged from source.
+OLD_RULE_VERSION = "verifiers-1+auditors-0"
+from infrarsi._verify import VERDICT_VERSION  # noqa: E402 - what today's code writes
+
 def build_template(ws: Path, log) -> Path:
     """The TinyGPT workspace with a 30-step window, initialised, baselined (2 runs), verified once."""
     ledger = ws / ".infrarsi" / "ledger.db"
@@ -175,7 +179,8 @@ def load_template(ws: Path) -> Template:
             baselines=[run(r) for r in base_rows], candidate=run(verify),
             pre_verdicts=[v for v in verify["verdicts"] if v["id"] not in RUN_IDS],
             run_verdicts=[v for v in verify["verdicts"] if v["id"] in RUN_IDS],
-            rule_version=verify["rule_version"], patch_name=patch["name"],
+            # Rows the builder writes stand for rows today's code wrote (the template may be older).
+            rule_version=VERDICT_VERSION, patch_name=patch["name"],
             patch_text=led.get_blob(patch["sha256"]).decode(), model_pre=led.get_blob(model_hash),
             train_pre=(ws / "train.py").read_bytes())
     assert sha256_hex(tpl.contract_text) == tpl.contract_hash
@@ -330,8 +335,10 @@ class Built:
 
 
 class Builder:
-    def __init__(self, tpl: Template, ledger: Ledger, n: int, rng: random.Random, progress) -> None:
+    def __init__(self, tpl: Template, ledger: Ledger, n: int, rng: random.Random, progress,
+                 old_fraction: float = 0.1) -> None:
         self.tpl, self.ledger, self.n, self.rng, self.progress = tpl, ledger, n, rng, progress
+        self.old_fraction = old_fraction
         self.variants = Variants(tpl)
         self.clock = Clock(tpl.baselines[0].evidence["started_ns"], rng)
         self.baseline_id: int | None = None
@@ -360,7 +367,7 @@ class Builder:
     def _append(self, kind: str, batch: str, seq: int, status: str, *, knobs: dict, patches=(),
                 run: RunTemplate | None = None, factor: float = 1.0, verdicts=None, detail: str = "",
                 exit_code: int | None = 0, baseline_id: int | None = None, plant: str | None = None,
-                step_scale: float | None = None) -> tuple[int, float | None]:
+                step_scale: float | None = None, rule_version: str | None = None) -> tuple[int, float | None]:
         blobs: dict[str, tuple[bytes, str]] = {}
         patch_refs, sources = [], {}
         for name, text, path, pre in patches:
@@ -394,7 +401,8 @@ class Builder:
             limit = 560
             if status == "oom":
                 rss = self.rng.randint(limit + 1, limit + 40)
-                detail = f"needs more than the limit of {limit} MB (killed when the process tree's RSS reached {rss} MB)"
+                detail = (f"needs more than the limit of {limit} MB "
+                          f"(killed when the process tree's RSS reached {rss} MB)")
                 exit_code = -9
             elif status == "timeout":
                 detail, exit_code = "killed after the timeout of 300 s", -9
@@ -419,7 +427,8 @@ class Builder:
             "status": status, "detail": detail, "exit_code": exit_code,
             "step_time_s": step_time, "peak_mem_mb": peak, "device_s": wall, "wall_s": wall,
             "receipts_hash": receipts_hash, "evidence_hash": evidence_hash, "stderr_tail": stderr,
-            "verdicts": verdicts, "rule_version": self.tpl.rule_version if verdicts is not None else None,
+            "verdicts": verdicts,
+            "rule_version": (rule_version or self.tpl.rule_version) if verdicts is not None else None,
             "baseline_id": baseline_id,
         }, blobs=blobs)
         if plant:
@@ -462,6 +471,8 @@ class Builder:
         from infrarsi.verifiers import ab_order, check_speedup
 
         batch, patch, knobs = uuid.uuid4().hex, self._variant(), self._knobs()
+        # A ledger spans rule versions: some batches were judged by older rules and are re-judged.
+        version = OLD_RULE_VERSION if self.rng.random() < self.old_fraction else None
         scales = None
         for _ in range(50):  # honest batches show their (real) speedup; resample the rare miss
             scales = {"B": [self.rng.uniform(0.9, 1.1) for _ in range(pairs)],
@@ -473,7 +484,7 @@ class Builder:
                 break
         self._append("verify", batch, 0, "ok", knobs=knobs, patches=[patch], run=self.tpl.candidate,
                      factor=self.tpl.cand_factor, verdicts=self._pre_verdicts() + self.tpl.run_verdicts,
-                     baseline_id=self.baseline_id)
+                     baseline_id=self.baseline_id, rule_version=version)
         index = {"B": 0, "A": 0}
         for seq, role in enumerate(ab_order(pairs), start=1):
             i = index[role]
@@ -481,11 +492,11 @@ class Builder:
             if role == "B":
                 self._append("ab-baseline", batch, seq, "ok", knobs=self._knobs(True),
                              run=self.tpl.baselines[i % len(self.tpl.baselines)], step_scale=scales["B"][i],
-                             verdicts=self.tpl.run_verdicts, baseline_id=self.baseline_id)
+                             verdicts=self.tpl.run_verdicts, baseline_id=self.baseline_id, rule_version=version)
             else:
                 self._append("ab-candidate", batch, seq, "ok", knobs=knobs, patches=[patch],
                              run=self.tpl.candidate, factor=self.tpl.cand_factor, step_scale=scales["A"][i],
-                             verdicts=self.tpl.run_verdicts, baseline_id=self.baseline_id)
+                             verdicts=self.tpl.run_verdicts, baseline_id=self.baseline_id, rule_version=version)
 
     def verify_failed(self, status: str) -> None:
         """A verify whose candidate run ended oom / crash / timeout: nothing after it."""
@@ -516,12 +527,13 @@ class Builder:
                      factor=factor)
 
     def clock_patch(self) -> None:
-        """Planted (c): a verify row whose patch reassigns time.monotonic_ns in train.py, stored as passing."""
+        """Planted (c): a verify row whose patch reassigns time.monotonic_ns in train.py, stored as passing
+        by an older rule version (a past win that today's rules must re-judge)."""
         patch = ("slow-clock", self.slow_clock, "train.py", self.tpl.train_pre)
         self._append("verify", uuid.uuid4().hex, 0, "ok", knobs=self._knobs(), patches=[patch],
                      run=self.tpl.candidate, factor=self.tpl.cand_factor,
                      verdicts=self._pre_verdicts() + self.tpl.run_verdicts, baseline_id=self.baseline_id,
-                     plant="clock_patch")
+                     plant="clock_patch", rule_version=OLD_RULE_VERSION)
 
     def build(self) -> None:
         rng = self.rng
@@ -558,7 +570,7 @@ class Builder:
             raise SystemExit(f"internal: {len(self.pending)} planted rows were not placed")
 
 
-def build_ledger(tpl: Template, root: Path, n: int, seed: int, progress) -> Built:
+def build_ledger(tpl: Template, root: Path, n: int, seed: int, progress, old_fraction: float = 0.1) -> Built:
     state = root / "ws" / ".infrarsi"
     if state.exists():
         shutil.rmtree(state)
@@ -568,7 +580,7 @@ def build_ledger(tpl: Template, root: Path, n: int, seed: int, progress) -> Buil
     with Ledger.open(state / "ledger.db", key=key, create=True) as ledger:
         ledger.put_blob(tpl.contract_text, "contract")
         ledger.set_meta("contract_sha256", tpl.contract_hash)
-        builder = Builder(tpl, ledger, n, random.Random(seed), progress)
+        builder = Builder(tpl, ledger, n, random.Random(seed), progress, old_fraction)
         builder.build()
     build_s = time.perf_counter() - started
     return Built(state / "ledger.db", key.public_hex, builder.written, builder.planted, builder.variants.count,
@@ -604,13 +616,47 @@ def raw_scan(path: Path) -> tuple[float, int]:
     return time.perf_counter() - started, count
 
 
-def run_audit(path: Path, key: str) -> tuple[float, float, int, dict, str]:
-    """`infrarsi audit --json` in a subprocess: wall seconds, peak RSS (MB), exit code, report, stderr."""
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants (the audit's worker processes), MB."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total / 1024
+
+
+def run_audit(path: Path, key: str, rejudge_all: bool = False) -> tuple[float, float, int, dict, str]:
+    """`infrarsi audit --json` in a subprocess: wall seconds, peak RSS (MB), exit code, report, stderr.
+
+    The RSS is the larger of the audit process's own peak (rusage) and the peak of the whole
+    process tree (it and its worker processes) sampled every 50 ms.
+    """
+    import threading
+
     cmd = [sys.executable, "-m", "infrarsi.cli", "audit", str(path), "--key", key, "--json"]
+    if rejudge_all:
+        cmd.append("--rejudge-all")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO)
+        peak = [0.0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.05):
+                peak[0] = max(peak[0], _tree_rss_mb(proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (ru_maxrss in KiB)
+        done.set()
+        sampler.join()
         wall = time.perf_counter() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -620,7 +666,7 @@ def run_audit(path: Path, key: str) -> tuple[float, float, int, dict, str]:
         report = json.loads(text) if text.strip() else {}
     except ValueError:
         report = {}
-    return wall, usage.ru_maxrss / 1024, proc.returncode, report, stderr
+    return wall, max(usage.ru_maxrss / 1024, peak[0]), proc.returncode, report, stderr
 
 
 def main(argv=None) -> int:
@@ -631,6 +677,10 @@ def main(argv=None) -> int:
     ap.add_argument("--template", default=None, metavar="DIR",
                     help="the template workspace: built there if absent, reused if present")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--old-fraction", type=float, default=0.1,
+                    help="share of verify batches stored by an older rule version, re-judged from source "
+                         "(default 0.1); the planted audit cheats always are")
+    ap.add_argument("--rejudge-all", action="store_true", help="pass --rejudge-all to infrarsi audit")
     args = ap.parse_args(argv)
     if args.executions < 20:
         ap.error("--executions: at least 20 (5 planted rows of each of 4 kinds)")
@@ -651,7 +701,8 @@ def main(argv=None) -> int:
         self_check(tpl, tpl_ws)
         log(f"building {args.executions:,} executions in {root / 'ws' / '.infrarsi' / 'ledger.db'}")
         build_start = time.perf_counter()
-        built = build_ledger(tpl, root, args.executions, args.seed, None if args.json else progress)
+        built = build_ledger(tpl, root, args.executions, args.seed, None if args.json else progress,
+                             args.old_fraction)
         planted_ids = {i for ids in built.planted.values() for i in ids}
         log(f"built in {built.build_s:.1f} s ({1000 * built.build_s / built.executions:.2f} ms/row); "
             f"{built.patches} distinct patches; statuses {built.by_status}; "
@@ -664,7 +715,7 @@ def main(argv=None) -> int:
         scan_s, scanned = raw_scan(built.path)
         log(f"raw scan: {scanned:,} rows in {scan_s:.2f} s")
         log("auditing ...")
-        audit_s, rss_mb, rc, report, stderr = run_audit(built.path, built.public_key)
+        audit_s, rss_mb, rc, report, stderr = run_audit(built.path, built.public_key, args.rejudge_all)
         if rc not in (0, 1) or not report:
             print(f"infrarsi audit failed (exit {rc}):\n{stderr[-4000:]}", file=sys.stderr)
             return 2
@@ -674,7 +725,8 @@ def main(argv=None) -> int:
         result = {"executions": built.executions, "audit_s": round(audit_s, 3), "scan_s": round(scan_s, 3),
                   "peak_rss_mb": round(rss_mb, 1), "findings": len(findings), "planted": len(planted_ids),
                   "planted_found": planted_found, "build_s": round(built.build_s, 3),
-                  "ratio": round(audit_s / scan_s, 2) if scan_s > 0 else None}
+                  "ratio": round(audit_s / scan_s, 2) if scan_s > 0 else None,
+                  "sources": report.get("sources"), "rejudge_all": args.rejudge_all}
         if args.json:
             print(json.dumps(result, sort_keys=True))
         else:

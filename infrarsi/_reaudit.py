@@ -41,6 +41,7 @@ _SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", 
 class AuditReport:
     executions: int = 0
     previously_accepted: int = 0
+    still_rejected: int = 0
     now_rejected: int = 0
     rejected_only_by_numerics: int = 0
     chain_ok: bool = True
@@ -52,6 +53,8 @@ class AuditReport:
     by_status: Counter = field(default_factory=Counter)
     receipts: dict = field(default_factory=lambda: {"checked": 0, "bad": []})
     trusted_key: str | None = None
+    reused: int = 0       # source verdicts taken as stored: given by today's exact rule code
+    rejudged: int = 0     # distinct sources judged afresh
 
     @property
     def clean(self) -> bool:
@@ -60,11 +63,12 @@ class AuditReport:
     def to_json(self) -> dict:
         """DESIGN.md's `audit --json` shape, plus what changed and the per-check tally."""
         return {"executions": self.executions, "previously_accepted": self.previously_accepted,
-                "now_rejected": self.now_rejected, "rejected_only_by_numerics": self.rejected_only_by_numerics,
+                "still_rejected": self.still_rejected, "now_rejected": self.now_rejected, "rejected_only_by_numerics": self.rejected_only_by_numerics,
                 "chain_ok": self.chain_ok, "chain": self.chain, "first_bad": self.first_bad,
                 "findings": self.findings, "changed": self.changed, "rule_version": VERDICT_VERSION,
                 "by_check": {k: dict(v) for k, v in sorted(self.by_check.items())},
-                "by_status": dict(self.by_status), "receipts": self.receipts, "trusted_key": self.trusted_key}
+                "by_status": dict(self.by_status), "receipts": self.receipts, "trusted_key": self.trusted_key,
+                "sources": {"reused": self.reused, "rejudged": self.rejudged}}
 
 
 def _trusted_key(ledger_path: Path, key: str | None) -> str | None:
@@ -198,6 +202,22 @@ def _source_key(row: dict, contract: Contract) -> tuple:
             tuple(contract.numerics.precision))
 
 
+def _stored_sources(row: dict) -> tuple[CheckResult, ...] | None:
+    """The row's own scope.* and audit.* verdicts, when today's exact rule code gave them.
+
+    The version names the rule sets and the digest of their code, so an equal version means
+    re-running them on this content gives these verdicts; the row (verdicts, patch and
+    pre-image hashes) is covered by the verified chain.
+    """
+    if row.get("rule_version") != VERDICT_VERSION:
+        return None
+    stored = {v.get("id"): v for v in row.get("verdicts") or [] if isinstance(v, dict)}
+    ids = _SCOPE_IDS + audit_check_ids()
+    if not all(i in stored and stored[i].get("status") in ("pass", "fail", "unchecked") for i in ids):
+        return None
+    return tuple(CheckResult(i, stored[i]["status"], stored[i].get("detail", "")) for i in ids)
+
+
 class _SourceJudge:
     """scope.* and audit.* by content, computed once per key, the misses of a chunk of rows in parallel."""
 
@@ -205,6 +225,7 @@ class _SourceJudge:
 
     def __init__(self, ev: _Evidence, workers: int) -> None:
         self.ev, self.workers = ev, workers
+        self.reused = self.rejudged = 0
         self.results: OrderedDict[tuple, tuple[CheckResult, ...]] = OrderedDict()
         self._pool = None
 
@@ -226,8 +247,15 @@ class _SourceJudge:
             images.append((path, data))
         return (tuple(texts), tuple(images), editable, protected, precision)
 
+    def seed(self, key: tuple, stored: tuple[CheckResult, ...]) -> None:
+        """Take a row's stored source verdicts for its content (see _stored_sources)."""
+        if key not in self.results:
+            self._keep(key, stored)
+            self.reused += 1
+
     def prefetch(self, keys: list[tuple]) -> None:
         todo = [k for k in dict.fromkeys(keys) if k not in self.results]
+        self.rejudged += len(todo)
         jobs = {}
         for key in todo:
             job = self._job(key)
@@ -300,10 +328,13 @@ class _Batches:
 
 
 def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = None, trusted_key: str | None = None,
-                 progress: Callable[[int, int], None] | None = None, workers: int | None = None) -> AuditReport:
+                 progress: Callable[[int, int], None] | None = None, workers: int | None = None,
+                 reuse: bool = True) -> AuditReport:
     """Re-verify a ledger: chain, blobs, signatures, receipts, then every execution re-judged.
 
-    ``workers`` processes judge the distinct sources of each chunk of rows (default: one per CPU).
+    ``workers`` processes judge the distinct sources of each chunk of rows (default: one per
+    CPU). ``reuse=False`` re-judges every source even where today's exact rule code stored
+    the verdict (see _stored_sources); the verifiers re-judge every run either way.
     """
     path = Path(ledger_path)
     if not path.is_file():
@@ -315,7 +346,7 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
         override = load_contract(contract_path)
     report = AuditReport(trusted_key=_trusted_key(path, trusted_key))
     with Ledger.open(path) as ledger:
-        _check_chain(ledger, report, path)
+        receipted = _check_chain(ledger, report, path)
         ev = _Evidence(ledger, override, path.parent.parent)
         sources = _SourceJudge(ev, workers if workers is not None else (os.cpu_count() or 1))
         total = ledger.count()
@@ -323,6 +354,11 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
         try:
             for chunk in _chunks(ledger.executions(), _CHUNK):
                 judged = [(row, ev.contract(row.get("contract_hash"))) for row in chunk]
+                if reuse and override is None:
+                    for row, contract in judged:
+                        stored = _stored_sources(row) if isinstance(contract, Contract) else None
+                        if stored is not None:
+                            sources.seed(_source_key(row, contract), stored)
                 sources.prefetch([_source_key(row, c) for row, c in judged
                                   if row["status"] in _JUDGED and isinstance(c, Contract)])
                 for row, contract in judged:
@@ -331,13 +367,14 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
                     if progress and (report.executions % 200 == 0 or report.executions == total):
                         progress(report.executions, total)
                     for anchor, check in batches.add(row, contract):
-                        _record_batch(report, anchor, check)
+                        _record_batch(report, anchor, check, receipted)
                     if row["status"] in _JUDGED:
                         _record(report, row, _judge(ev, sources, row))
             for anchor, check in batches.flush():
-                _record_batch(report, anchor, check)
+                _record_batch(report, anchor, check, receipted)
         finally:
             sources.close()
+            report.reused, report.rejudged = sources.reused, sources.rejudged
     return report
 
 
@@ -352,7 +389,8 @@ def _chunks(rows: Iterator[dict], size: int) -> Iterator[list[dict]]:
         yield chunk
 
 
-def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> None:
+def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> set[int]:
+    """Chain, blobs, baselines, receipts; returns the executions the valid-looking receipts cite."""
     chain = ledger.verify_chain(report.trusted_key)
     if not chain.ok:
         report.chain_ok, report.first_bad = False, chain.first_bad
@@ -372,13 +410,19 @@ def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> None:
     from infrarsi._receipt import verify_receipt
 
     key = report.trusted_key or ledger.public_key
+    receipted: set[int] = set()
     for receipt in sorted((path.parent / "receipts").glob("*.json")):
         report.receipts["checked"] += 1
         check = verify_receipt(receipt, trusted_public_hex=key)
+        try:
+            receipted.update(json.loads(receipt.read_bytes())["receipt"]["executions"])
+        except (ValueError, KeyError, TypeError):
+            pass  # verify_receipt has said what is wrong with it
         if not check.ok:
             report.chain_ok = False
             report.receipts["bad"].append({"receipt": receipt.name, "problems": check.problems})
             report.chain.append(f"receipt {receipt.name}: {'; '.join(check.problems)}")
+    return receipted
 
 
 def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:
@@ -393,6 +437,10 @@ def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:
             report.changed.append({"execution": row["id"], "check": check.id, "was": before.get("status"),
                                    "now": check.status, "stored_rule_version": row.get("rule_version"),
                                    "detail": check.detail})
+    if row["status"] == "rejected":  # rejected when stored: today's failures only confirm it
+        if failing:
+            report.still_rejected += 1
+        return
     for check in failing:
         report.findings.append({"execution": row["id"], "check": check.id, "status": check.status,
                                 "detail": check.detail})
@@ -404,9 +452,9 @@ def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:
                 report.rejected_only_by_numerics += 1
 
 
-def _record_batch(report: AuditReport, anchor: int, check: CheckResult) -> None:
-    """stats.speedup of one verify batch, from its A/B rows (the verdict itself lives in the receipt)."""
+def _record_batch(report: AuditReport, anchor: int, check: CheckResult, receipted: set[int]) -> None:
+    """stats.speedup of one verify batch, from its A/B rows; a finding only where a receipt claimed it."""
     report.by_check.setdefault(check.id, Counter())[check.status] += 1
-    if check.status in ("fail", "unchecked"):
+    if check.status in ("fail", "unchecked") and anchor in receipted:
         report.findings.append({"execution": anchor, "check": check.id, "status": check.status,
-                                "detail": check.detail})
+                                "detail": f"the receipt's speedup no longer holds: {check.detail}"})

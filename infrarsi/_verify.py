@@ -32,8 +32,22 @@ REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.creat
                    "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision",
                    "stats.speedup")
 
-# Which rules gave a stored verdict: the verifiers' and the auditors' versions.
-VERDICT_VERSION = f"{RULE_VERSION}+{AUDITOR_VERSION}"
+def _rules_digest() -> str:
+    """SHA-256 (12 hex) of the verifiers' and auditors' source: any change to a rule changes it."""
+    import hashlib
+    import importlib.util
+
+    digest = hashlib.sha256()
+    for package in ("infrarsi.verifiers", "infrarsi.auditors"):
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+# Which rules gave a stored verdict: the verifiers' and the auditors' versions, and the digest
+# of their code, so `infrarsi audit` can tell a verdict today's code would give from an old one.
+VERDICT_VERSION = f"{RULE_VERSION}+{AUDITOR_VERSION}@{_rules_digest()}"
 
 # The numerics checks a contract may leave out of `require`; everything else is always required.
 OPTIONAL_NUMERICS = {"loss": "numerics.loss", "grad_norm": "numerics.grad_norm", "precision": "numerics.precision"}

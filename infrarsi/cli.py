@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contract", default=None, help="judge by this (newer) contract instead of the stored ones")
     p.add_argument("--key", default=None, metavar="HEX",
                    help="the public key to trust (default: the one the manifest beside the ledger pins)")
+    p.add_argument("--rejudge-all", action="store_true",
+                   help="re-run the source rules even where today's exact rule code stored the verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
@@ -214,6 +216,7 @@ def _cmd_audit(args) -> int:
     bar = _progress(args, "audit")
     with bar or _Null():
         report = audit_ledger(args.ledger, contract_path=args.contract, trusted_key=args.key,
+                              reuse=not args.rejudge_all,
                               progress=(lambda done, total: bar.update(done, total, None)) if bar else None)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True))

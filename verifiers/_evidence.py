@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
@@ -45,8 +46,9 @@ class RunEvidence:
     integrity: dict | None = None
     evidence_kind: str = "probe"
 
-    @property
+    @functools.cached_property
     def steps(self) -> list[StepRecord]:
+        """Parsed once: every check reads them."""
         return steps_from_lines(self.receipt_lines, self.arrivals_ns)
 
 

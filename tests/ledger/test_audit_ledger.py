@@ -75,14 +75,51 @@ def test_a_tighter_contract_rejects_the_stored_acceptance_by_numerics_only(verif
     assert any(c["check"] == "numerics.loss" and c["was"] == "pass" and c["now"] == "fail" for c in report.changed)
 
 
-def test_a_cheat_rejected_by_the_audit_stays_a_finding(verified, tmp_path):
-    folder = tmp_path / "ws"
+@pytest.fixture(scope="module")
+def with_cheat(verified, tmp_path_factory) -> tuple[Path, int]:
+    """The verified workspace plus a cheat the audit rejected before running."""
+    folder = tmp_path_factory.mktemp("cheat") / "ws"
     shutil.copytree(verified, folder)
     outcome = infrarsi.verify(folder / "infrarsi.toml", patches=[str(CHEATS / "cheat" / "slow-clock.diff")], pairs=0)
     assert not outcome.accepted
+    return folder, outcome.executions[-1]
+
+
+def test_a_rejection_confirmed_today_is_no_finding(with_cheat):
+    folder, cheat = with_cheat
     report = audit_ledger(folder / ".infrarsi" / "ledger.db")
-    bad = [f for f in report.findings if f["execution"] == outcome.executions[-1]]
-    assert [f["check"] for f in bad] == ["audit.clock_patched"] and report.now_rejected == 0
+    assert report.clean and report.still_rejected == 1 and report.now_rejected == 0
+    assert report.by_check["audit.clock_patched"]["fail"] == 1
+
+
+def test_a_win_stored_under_older_rules_is_rejudged_and_rejected(with_cheat, tmp_path):
+    """The same cheat, stored as accepted by an older rule version: today's audit finds it."""
+    from infrarsi.ledger import Ledger
+
+    folder = tmp_path / "ws"
+    shutil.copytree(with_cheat[0], folder)
+    state = folder / ".infrarsi"
+    with Ledger.open(state / "ledger.db", key=KeyPair.load(state / "keys")) as ledger:
+        row = ledger.get_execution(with_cheat[1])
+        forged = {k: row[k] for k in ("batch", "kind", "seq", "contract_hash", "manifest_hash", "knobs", "patches",
+                                      "sources", "baseline_id")}
+        passing = [dict(v, status="pass") for v in row["verdicts"]]
+        source = ledger.get_execution(3)  # the honest verify row: a real run's receipts and clock stamps
+        forged.update(status="ok", detail="", verdicts=passing, rule_version="verifiers-1+auditors-0",
+                      receipts_hash=source["receipts_hash"], evidence_hash=source["evidence_hash"], device_s=1.0)
+        execution = ledger.append_execution(forged)
+    report = audit_ledger(state / "ledger.db")
+    assert report.chain_ok and report.now_rejected == 1
+    assert [f["check"] for f in report.findings if f["execution"] == execution] == ["audit.clock_patched"]
+    assert any(c["execution"] == execution and c["check"] == "audit.clock_patched" and c["was"] == "pass"
+               and c["stored_rule_version"] == "verifiers-1+auditors-0" for c in report.changed)
+
+
+def test_stored_source_verdicts_of_todays_rules_are_reused_and_agree_with_a_rejudgement(verified):
+    ledger = verified / ".infrarsi" / "ledger.db"
+    reused, fresh = audit_ledger(ledger), audit_ledger(ledger, reuse=False)
+    assert reused.reused >= 1 and fresh.reused == 0 and fresh.rejudged >= 1
+    assert reused.by_check == fresh.by_check and reused.findings == fresh.findings == []
 
 
 def _rewrite(path: Path, execution_id: int, **values) -> None:
