@@ -14,8 +14,9 @@ def _lines(report) -> list[str]:
            f"({', '.join(f'{n} {s}' for s, n in sorted(report.by_status.items())) or 'none'}); "
            f"chain {'ok' if report.chain_ok else 'BROKEN'}",
            f"  previously accepted {report.previously_accepted}, now rejected {report.now_rejected} "
-           f"({report.rejected_only_by_numerics} only by numerics); {len(report.findings)} finding(s), "
-           f"{len(report.changed)} verdict(s) changed since they were stored",
+           f"({report.rejected_only_by_numerics} only by numerics), still rejected {report.still_rejected}; "
+           f"{len(report.findings)} finding(s), {len(report.changed)} verdict(s) changed since they were stored",
+           f"  sources: {report.rejudged} judged afresh, {report.reused} stored by today's exact rules",
            f"  receipts checked {report.receipts['checked']}, bad {len(report.receipts['bad'])}"]
     out += [f"  chain: {line}" for line in report.chain]
     return out
