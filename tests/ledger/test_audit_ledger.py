@@ -19,7 +19,7 @@ from infrarsi.ledger import KeyPair, canonical_json
 
 TINYGPT = Path(__file__).parents[2] / "examples" / "tinygpt"
 CHEATS = Path(__file__).parents[1] / "cheats"
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).parents[1] / "assets"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from ledger_testing import execution, raw_rows, tamper
 
 from infrarsi.ledger import KeyPair, Ledger, LedgerError, canonical_json, sha256_hex
 
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).parents[1] / "assets"
 
 
 def _report(path: Path, trusted: str | None = None):

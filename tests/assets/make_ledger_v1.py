@@ -2,7 +2,7 @@
 
 The point of the asset is that it was written by schema version 1 of the ledger: if a
 later InfraRSI can no longer verify it, old ledgers in the field are broken too.
-Run: python tests/ledger/assets/make_ledger_v1.py
+Run: python tests/assets/make_ledger_v1.py
 """
 
 from __future__ import annotations
