@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -150,6 +152,24 @@ def _kill_tree(pgid: int, pids: list[int]) -> None:
             pass
 
 
+# Runs first in the child: ask the kernel to SIGKILL it when infrarsi dies, even by SIGKILL
+# (which no handler sees), then become the workload. prctl(PR_SET_PDEATHSIG) survives exec.
+_DEATH_SHIM = ("import ctypes, os, signal, sys\n"
+               "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+               "if os.getppid() != int(sys.argv[1]):\n    os._exit(137)\n"
+               "os.execv(sys.argv[2], sys.argv[3:])\n")
+
+
+def _dies_with_us(argv: list[str], env: dict | None) -> list[str]:
+    """The workload's argv behind the death shim on Linux; unchanged elsewhere, or if not found."""
+    if not sys.platform.startswith("linux") or not argv:
+        return argv
+    exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=(env or os.environ).get("PATH"))
+    if exe is None:
+        return argv  # let Popen report the missing program as before
+    return [sys.executable, "-S", "-E", "-c", _DEATH_SHIM, str(os.getpid()), exe, *argv]
+
+
 def launch(spec: LaunchSpec) -> LaunchResult:
     """Run one workload to its end, and return what was seen from outside."""
     fifo_fd = fifo_keepalive = None
@@ -160,8 +180,9 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         # workload opens the FIFO, or between its opens.
         fifo_keepalive = os.open(spec.receipts_fifo, os.O_WRONLY)
     started = time.monotonic_ns()
-    proc = subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(_dies_with_us(spec.argv, spec.env), cwd=spec.cwd, env=spec.env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     readers = {"out": _LineReader(proc.stdout.fileno(), keep_lines=True),
                "err": _LineReader(proc.stderr.fileno(), keep_lines=False, keep_tail=_STDERR_TAIL)}
     if fifo_fd is not None:
