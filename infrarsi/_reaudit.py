@@ -58,7 +58,8 @@ class AuditReport:
     def to_json(self) -> dict:
         """DESIGN.md's `audit --json` shape, plus what changed and the per-check tally."""
         return {"executions": self.executions, "previously_accepted": self.previously_accepted,
-                "still_rejected": self.still_rejected, "now_rejected": self.now_rejected, "rejected_only_by_numerics": self.rejected_only_by_numerics,
+                "still_rejected": self.still_rejected, "now_rejected": self.now_rejected,
+                "rejected_only_by_numerics": self.rejected_only_by_numerics,
                 "chain_ok": self.chain_ok, "chain": self.chain, "first_bad": self.first_bad,
                 "findings": self.findings, "changed": self.changed, "rule_version": VERDICT_VERSION,
                 "by_check": {k: dict(v) for k, v in sorted(self.by_check.items())},
@@ -66,19 +67,19 @@ class AuditReport:
                 "sources": {"reused": self.reused, "rejudged": self.rejudged}}
 
 
-def _trusted_key(ledger_path: Path, key: str | None) -> str | None:
-    """The public key to trust: given, or the one the manifest beside the ledger pins."""
+def _trusted_key(ledger_path: Path, key: str | None) -> tuple[str | None, str | None]:
+    """The public key to trust (given, or pinned by the manifest beside the ledger), and any problem."""
     if key is not None:
-        return key
+        return key, None
     from infrarsi._manifest import MANIFEST_NAME, ManifestError, load_manifest
 
     manifest = ledger_path.parent / MANIFEST_NAME
     if not manifest.exists():
-        return None
+        return None, None
     try:
-        return load_manifest(manifest).public_key
-    except ManifestError:
-        return None
+        return load_manifest(manifest).public_key, None
+    except ManifestError as exc:
+        return None, f"the manifest beside the ledger cannot supply a trusted key: {exc}"
 
 
 def _judge(ev: Evidence, sources: SourceJudge, row: dict) -> list[CheckResult]:
@@ -157,7 +158,11 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
         from infrarsi._contract import load_contract
 
         override = load_contract(contract_path)
-    report = AuditReport(trusted_key=_trusted_key(path, trusted_key))
+    key, problem = _trusted_key(path, trusted_key)
+    report = AuditReport(trusted_key=key)
+    if problem:
+        report.chain_ok = False
+        report.chain.append(problem)
     with Ledger.open(path) as ledger:
         receipted = _check_chain(ledger, report, path)
         ev = Evidence(ledger, override, path.parent.parent)

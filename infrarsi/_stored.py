@@ -115,7 +115,6 @@ def run_evidence(ev: Evidence, row: dict) -> RunEvidence | str:
                        evidence_kind=data.get("evidence_kind", "probe"))
 
 
-
 def source_key(row: dict, contract: Contract) -> tuple:
     """What the source checks of a row depend on, by content hash: judged once per distinct key."""
     patches = tuple((p.get("name", "?"), p.get("sha256")) for p in row.get("patches") or [])

@@ -214,3 +214,12 @@ def test_bad_input_exits_2(tmp_path):
     (tmp_path / "junk.db").write_text("not sqlite at all")
     rc, out, err = _cli(str(tmp_path / "junk.db"), "--json")
     assert rc == 2 and "Traceback" not in err and out["exit_code"] == 2
+
+
+def test_an_altered_manifest_beside_the_ledger_breaks_the_chain(copy):
+    manifest = copy.parent / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["manifest"]["public_key"] = KeyPair.generate().public_hex
+    manifest.write_text(json.dumps(data))
+    ok, _, detail = _chain(copy)
+    assert not ok and "manifest" in detail
