@@ -34,6 +34,8 @@ runs. Rule set version: `{version}` (stored with every verdict).
   globs come from `--contract`, else from `./infrarsi.toml` if there is one, else the
   strictest defaults: fp32 only, nothing protected but the contract file itself. Exit
   codes: 0 clean, 1 findings, 2 bad input (a missing file, or a file that isn't Python).
+  `--json` prints `{{"file", "against", "contract", "clean", "findings": [{{"rule", "path",
+  "line", "col", "message", "code"}}]}}`; bad input prints `{{"error", "exit_code": 2}}`.
 
 **Measured region.** The measured region is what the step time covers:
 - the body of `with p.step(...)`, where `p` comes from `infrarsi.probe.from_env()`,
