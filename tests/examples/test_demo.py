@@ -30,7 +30,11 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     assert status["sdpa attention"] == "ok"
 
     verified = report["verify"]
-    assert verified["candidate"]["patches"] == ["batched-heads"]
+    # The demo verifies its fastest single run: batched heads + sdpa on an idle machine, but
+    # single runs are noisy, so the test holds the demo to its rule rather than to one winner.
+    fastest = max((r for r in report["runs"] if r["status"] == "ok" and r["speedup_single_run"]),
+                  key=lambda r: r["speedup_single_run"])
+    assert verified["candidate"] == fastest["candidate"]
     assert verified["accepted"] is True, verified["checks"]
     assert all(c["status"] == "pass" for c in verified["checks"])
     receipt = subprocess.run([sys.executable, "-m", "infrarsi.cli", "receipt", "verify", verified["receipt"]],
