@@ -39,7 +39,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from infrarsi.probe import _PARAM_REFRESH, _AutocastSpy, _dtype_name, from_env
+from infrarsi.probe import _PARAM_REFRESH, AUTOPROBE_ENV, _AutocastSpy, _dtype_name, from_env
 
 __all__ = ["AutoProbe", "main"]
 
@@ -407,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         auto = AutoProbe(probe, probe.total_steps).install(torch)
+        os.environ[AUTOPROBE_ENV] = "1"  # a probe the script makes itself must not record the steps twice
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:

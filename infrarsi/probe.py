@@ -24,10 +24,11 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["Probe", "NullProbe", "from_env", "RECEIPTS_ENV", "STEPS_ENV"]
+__all__ = ["Probe", "NullProbe", "from_env", "RECEIPTS_ENV", "STEPS_ENV", "AUTOPROBE_ENV"]
 
 RECEIPTS_ENV = "INFRARSI_RECEIPTS"
 STEPS_ENV = "INFRARSI_STEPS"
+AUTOPROBE_ENV = "INFRARSI_AUTOPROBE"  # set by infrarsi.autoprobe while it records the steps
 RECEIPT_VERSION = 1
 _PARAM_REFRESH = 8
 
@@ -316,8 +317,16 @@ def _as_float(value: Any) -> float | None:
 
 
 def from_env() -> NullProbe:
-    """A :class:`Probe` writing to ``$INFRARSI_RECEIPTS``, or a no-op recorder."""
+    """A :class:`Probe` writing to ``$INFRARSI_RECEIPTS``, or a no-op recorder.
+
+    Under ``evidence = "auto"`` the autoprobe already records every step, so a probe the
+    script makes itself stays silent (it still tells the script the step count).
+    """
     path = os.environ.get(RECEIPTS_ENV)
     if not path:
         return NullProbe()
+    if os.environ.get(AUTOPROBE_ENV):
+        quiet = NullProbe()
+        quiet.total_steps = _steps_from_env()
+        return quiet
     return Probe(path, total_steps=_steps_from_env())

@@ -176,6 +176,35 @@ def test_auto_sees_autocast_and_sums_accumulated_losses(auto_bf16_accum):
         assert rec["grad_norm"] > 0
 
 
+_PROBED = """
+import torch
+from infrarsi import probe
+
+p = probe.from_env()
+steps = p.total_steps or 100
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+for step in range(1, steps + 1):
+    with p.step(step, tokens=8):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+    p.log(step, loss=loss.item(), grad_norm=gn.item())
+p.close()
+print("steps", steps)
+"""
+
+
+def test_auto_on_a_script_that_also_uses_the_probe_records_each_step_once(tmp_path):
+    result = execute(workspace(tmp_path / "ws", "auto", script=_PROBED))
+    assert result.status == "ok", result.stderr_tail
+    assert [r["step"] for r in steps_of(result)] == list(range(1, TOTAL + 1))  # once each, not twice
+
+
 def test_a_script_failing_part_way_is_a_crash_with_the_steps_before_it(tmp_path):
     result = execute(workspace(tmp_path / "ws", "auto", "--crash_at=3"))
     assert result.status == "crash"
