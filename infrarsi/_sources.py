@@ -33,8 +33,15 @@ def _text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
+def _inside(rel: str) -> bool:
+    """A workspace-relative path that stays inside (scope.* rejects the others before this runs)."""
+    parts = Path(rel).parts
+    return bool(parts) and not Path(rel).is_absolute() and ".." not in parts
+
+
 def _python_paths(patches: tuple[PatchRef, ...]) -> set[str]:
-    return {p for patch in patches for change in parse_patch(patch.text) for p in change.paths if p.endswith(".py")}
+    return {p for patch in patches for change in parse_patch(patch.text) for p in change.paths
+            if p.endswith(".py") and _inside(p)}
 
 
 def changed_sources(workspace: Path, patches: tuple[PatchRef, ...]) -> dict[str, tuple[str | None, str | None]]:

@@ -17,6 +17,7 @@ from typing import Callable
 from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
 from infrarsi._hashing import hash_protected
 from infrarsi._runner import ExecutionResult
+from infrarsi._patch import PatchParseError
 from infrarsi._sandbox import PatchRejected
 from infrarsi._sources import changed_sources, pre_images
 from infrarsi.auditors import AUDITOR_VERSION, audit_check_ids, check_sources
@@ -31,6 +32,7 @@ REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.creat
                    "integrity.manifest", *audit_check_ids(), "integrity.protected", "integrity.framework",
                    "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision",
                    "stats.speedup")
+
 
 def _rules_digest() -> str:
     """SHA-256 (12 hex) of the verifiers' and auditors' source: any change to a rule changes it."""
@@ -195,7 +197,7 @@ class _Verification:
         contract = self.ws.contract
         try:
             sources = changed_sources(contract.workspace, self.candidate.patches)
-        except PatchRejected as exc:
+        except (PatchRejected, PatchParseError) as exc:
             return [CheckResult(cid, "fail", f"cannot audit: {exc}") for cid in audit_check_ids()]
         return check_sources(sources, contract.numerics.precision, contract.protected_globs)
 

@@ -81,3 +81,12 @@ def test_a_candidate_rejected_before_running_keeps_its_evidence(tinygpt_workspac
         assert row["status"] == "rejected" and "train.py" in row["sources"]
         assert ws.ledger.get_blob(row["sources"]["train.py"]) == (tinygpt_workspace.parent / "train.py").read_bytes()
         assert any(v["id"] == "audit.clock_patched" and v["status"] == "fail" for v in row["verdicts"])
+
+
+def test_keep_going_with_a_patch_that_is_not_a_diff_rejects_without_a_traceback(tinygpt_workspace, tmp_path):
+    junk = tmp_path / "junk.diff"
+    junk.write_text("this is not a unified diff\n")
+    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(junk)], pairs=0, keep_going=True)
+    by_id = {c.id: c for c in outcome.checks}
+    assert not outcome.accepted and by_id["scope.parse"].status == "fail"
+    assert by_id["audit.timing_boundary"].status == "fail" and "cannot audit" in by_id["audit.timing_boundary"].detail
