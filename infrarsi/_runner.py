@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +25,7 @@ from infrarsi._receipts import parse_receipts
 from infrarsi._sandbox import PatchRejected, make_sandbox
 from infrarsi.probe import RECEIPTS_ENV, STEPS_ENV
 
-__all__ = ["ExecutionResult", "Executor", "LocalExecutor", "build_argv"]
+__all__ = ["ExecutionInterrupted", "ExecutionResult", "Executor", "LocalExecutor", "build_argv"]
 
 
 @dataclass
@@ -41,6 +42,15 @@ class ExecutionResult:
     receipts: bytes = b""
     evidence: dict = field(default_factory=dict)
     sources: dict[str, bytes] = field(default_factory=dict)
+
+
+class ExecutionInterrupted(KeyboardInterrupt):
+    """infrarsi was stopped (^C, SIGTERM) while a workload ran: the workload is gone, and
+    ``result`` is the execution as far as it got, for the ledger, before the interrupt goes on."""
+
+    def __init__(self, result: ExecutionResult) -> None:
+        super().__init__(result.detail)
+        self.result = result
 
 
 # Python's options that take the next word as their value (`-c` and `-m` end the options).
@@ -93,7 +103,18 @@ class LocalExecutor:
                 return ExecutionResult(candidate, "rejected", detail=str(exc), sources=sources,
                                        evidence={"version": 1, "rejected": exc.message,
                                                  "fingerprint": environment_fingerprint()})
-            return self._launch(contract, pinned, candidate, box, before, sources)
+            started = time.monotonic()
+            try:
+                return self._launch(contract, pinned, candidate, box, before, sources)
+            except ExecutionInterrupted:
+                raise
+            except KeyboardInterrupt:
+                wall = time.monotonic() - started
+                raise ExecutionInterrupted(ExecutionResult(
+                    candidate, "crash", detail=f"interrupted after {wall:.1f} s: infrarsi was stopped "
+                    f"(SIGINT or SIGTERM) while the workload ran; the workload was killed",
+                    device_s=wall, wall_s=wall, sources=sources,
+                    evidence={"version": 1, "interrupted": True, "fingerprint": environment_fingerprint()})) from None
         finally:
             if not self.keep_sandbox:
                 box.remove()

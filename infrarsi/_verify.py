@@ -16,7 +16,7 @@ from typing import Callable
 
 from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
 from infrarsi._hashing import hash_protected
-from infrarsi._runner import ExecutionResult
+from infrarsi._runner import ExecutionInterrupted, ExecutionResult
 from infrarsi._patch import PatchParseError
 from infrarsi._sandbox import PatchRejected
 from infrarsi._sources import changed_sources, pre_images
@@ -223,7 +223,11 @@ class _Verification:
         A run that finished but failed a check is recorded as ``rejected``.
         """
         ws = self.ws
-        result = ws.executor.run(ws.contract, ws.manifest.files, who)
+        try:
+            result = ws.executor.run(ws.contract, ws.manifest.files, who)
+        except ExecutionInterrupted as stopped:
+            self._record(stopped.result, kind, (recorded_with or []) + [_status_check(stopped.result, role)])
+            raise
         self._tick(result)
         failed = _status_check(result, role)
         judged = [failed] if failed else judge_run(_run_evidence(result), reference, rules)

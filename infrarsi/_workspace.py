@@ -15,7 +15,7 @@ from pathlib import Path
 from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
 from infrarsi._contract import Contract, load_contract
 from infrarsi._manifest import MANIFEST_NAME, Manifest, ManifestError, build_manifest, load_manifest
-from infrarsi._runner import ExecutionResult, Executor, LocalExecutor
+from infrarsi._runner import ExecutionInterrupted, ExecutionResult, Executor, LocalExecutor
 from infrarsi.ledger import KeyPair, Ledger, canonical_json, sha256_hex
 
 __all__ = ["Workspace", "InitResult", "RunOutcome", "init", "open_workspace", "run"]
@@ -92,8 +92,12 @@ class Workspace:
         self.close()
 
     def execute(self, candidate: Candidate, kind: str, batch: str, seq: int = 0) -> tuple[int, ExecutionResult]:
-        """Run one execution and commit it to the ledger before returning."""
-        result = self.executor.run(self.contract, self.manifest.files, candidate)
+        """Run one execution and commit it to the ledger before returning (interrupted ones too)."""
+        try:
+            result = self.executor.run(self.contract, self.manifest.files, candidate)
+        except ExecutionInterrupted as stopped:
+            self.record(stopped.result, kind, batch, seq)
+            raise
         return self.record(result, kind, batch, seq), result
 
     def record(self, result: ExecutionResult, kind: str, batch: str, seq: int = 0,

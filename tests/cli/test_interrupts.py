@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_testing import PATIENCE_S, alive, argv, cli_env, gone_soon, ledger_state, wait_for_workload
+from cli_testing import PATIENCE_S, alive, argv, cli_env, executions, gone_soon, ledger_state, wait_for_workload
 
 from infrarsi._workspace import run as run_in_process
 
@@ -148,7 +148,10 @@ def test_sigint_while_the_workload_runs_keeps_the_ledger_and_exits_130(seeded, s
     assert rc == 130, (rc, out, err)
     assert "interrupted" in err and "Traceback" not in err
     assert list(sandbox_tmp.glob("infrarsi-run-*")) == []  # the sandbox copy is removed
-    assert_ledger_intact(seeded, before, added={0})
+    # The interrupted execution is a row too, with the device time it used.
+    last = executions(seeded)[-1]
+    assert last["status"] == "crash" and last["detail"].startswith("interrupted after") and last["device_s"] > 0
+    assert_ledger_intact(seeded, before, added={1})
 
 
 def test_sigint_kills_the_workload(seeded, sandbox_tmp, workloads):
@@ -160,6 +163,7 @@ def test_sigint_kills_the_workload(seeded, sandbox_tmp, workloads):
 def test_sigterm_kills_the_workload_and_removes_the_sandbox(seeded, sandbox_tmp, workloads):
     before = ledger_state(seeded)
     (rc, _, _), workload = interrupt_hanging_run(seeded, sandbox_tmp, workloads, signal.SIGTERM)
-    assert_ledger_intact(seeded, before, added={0})
+    assert executions(seeded)[-1]["detail"].startswith("interrupted after")
+    assert_ledger_intact(seeded, before, added={1})
     assert gone_soon(workload), f"workload {workload} orphaned by SIGTERM (infrarsi rc={rc})"
     assert list(sandbox_tmp.glob("infrarsi-run-*")) == []
