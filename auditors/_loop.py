@@ -183,11 +183,11 @@ class LoopModel:
                     op_nodes.setdefault(id(feeder), Op("forward", feeder))
         self.ops = list(op_nodes.values())
         for region in self.regions:
-            steps = self._step_names(region)
+            steps = self.step_names(region)
             for body_node in region.body:
                 self._walk(body_node, region, steps, op_nodes, (), None, depth=0, seen=set())
 
-    def _step_names(self, region: Region) -> set[str]:
+    def step_names(self, region: Region) -> set[str]:
         names: set[str] = set()
         for loop in region.loops:
             if isinstance(loop, cst.For):

@@ -119,6 +119,7 @@ class SourceModel:
         self._qualified: dict[cst.CSTNode, set[str]] = {}
         self._positions = None
         self._loops = None
+        self._imports = None
         self.probe_vars = self._find_probe_vars()
 
     def loop_model(self):
@@ -202,6 +203,26 @@ class SourceModel:
             if owner is not None:
                 out[f"{owner.name.value}.{node.name.value}"] = node
         return out
+
+    def imports(self) -> list[tuple[cst.CSTNode, str, str]]:
+        """``(statement, what is imported, the name it is bound to)`` per imported name.
+
+        ``import time as t`` gives ``("time", "t")``; ``from a.b import c`` gives
+        ``("a.b.c", "c")``; ``from a import *`` gives ``("a.*", "*")``.
+        """
+        if self._imports is None:
+            found = []
+            for node in self.of_type(cst.Import, cst.ImportFrom):
+                module = dotted(node.module) if isinstance(node, cst.ImportFrom) and node.module else None
+                if isinstance(node.names, cst.ImportStar):
+                    found.append((node, f"{module}.*", "*"))
+                    continue
+                for alias in node.names:
+                    name = dotted(alias.name) or ""
+                    real = f"{module}.{name}" if module else name
+                    found.append((node, real, dotted(alias.asname.name) if alias.asname else name))
+            self._imports = found
+        return self._imports
 
     # -- the probe ------------------------------------------------------------------------
     def is_probe_factory(self, call: cst.CSTNode) -> bool:

@@ -83,6 +83,16 @@ class UpdateWork:
         """The function a node runs in (the module for top-level code)."""
         return next((a for a in self.source.ancestors(node) if isinstance(a, cst.FunctionDef)), self.source.module)
 
+    @staticmethod
+    def loss_name(backward: cst.Call) -> str | None:
+        """The name a ``X.backward()`` call is made on: ``loss``, also in ``scaler.scale(loss).backward()``."""
+        if not isinstance(backward.func, cst.Attribute):
+            return None
+        target = backward.func.value
+        if isinstance(target, cst.Call) and target.args:  # scaler.scale(loss)
+            target = target.args[0].value
+        return dotted(target)
+
     def loss_names(self) -> dict[str, set[int]]:
         """Names backward() is called on, with the functions where they are that loss.
 
@@ -91,12 +101,7 @@ class UpdateWork:
         """
         names: dict[str, set[int]] = {}
         for call in self.source.of_type(cst.Call):
-            if self.kind(call) != "backward" or not isinstance(call.func, cst.Attribute):
-                continue
-            target = call.func.value
-            if isinstance(target, cst.Call) and target.args:  # scaler.scale(loss)
-                target = target.args[0].value
-            if (name := dotted(target)) is not None:
+            if self.kind(call) == "backward" and (name := self.loss_name(call)) is not None:
                 names.setdefault(name, set()).add(id(self.owner(call)))
         for _ in range(2):
             for node in self.source.of_type(cst.Assign):
@@ -132,15 +137,7 @@ class UpdateWork:
         return out
 
     def _imported(self) -> set[str]:
-        names = set()
-        for node in self.source.of_type(cst.Import, cst.ImportFrom):
-            if isinstance(node.names, cst.ImportStar):
-                continue
-            for alias in node.names:
-                bound = alias.asname.name if alias.asname else alias.name
-                if (name := dotted(bound)) is not None:
-                    names.add(name.split(".")[0])
-        return names
+        return {bound.split(".")[0] for _, _, bound in self.source.imports() if bound != "*"}
 
     def is_model_call(self, call: cst.CSTNode) -> bool:
         """A call of a model object: ``model(x)``, ``step_fn(x)``, ``self.model(x)``.

@@ -88,13 +88,13 @@ def _judge(ev: Evidence, sources: SourceJudge, row: dict) -> list[CheckResult]:
     if isinstance(contract, str):
         return missing(SCOPE_IDS + audit_check_ids() + RUN_IDS, contract)
     checks = sources.get(source_key(row, contract))
-    reference = ev.reference(ev.baseline_for(row))
     if row["status"] == "rejected" and not row.get("receipts_hash") and not row.get("evidence_hash"):
         # Stopped by a check before it ran (scope, manifest, audit): there is no run to judge.
         return checks + [CheckResult(cid, "skipped", "never ran: rejected before running") for cid in RUN_IDS]
     run = run_evidence(ev, row)
     if isinstance(run, str):
         return checks + missing(RUN_IDS, run)
+    reference = ev.reference(ev.baseline_for(row))
     if isinstance(reference, str):
         judged = judge_run(run, BaselineReference(loss=[], grad_norm=[], tokens_per_step=None),
                            Rules.from_contract(contract))

@@ -150,23 +150,23 @@ class SourceJudge:
         self.results: OrderedDict[tuple, tuple[CheckResult, ...]] = OrderedDict()
         self._pool = None
 
-    def _job(self, key: tuple) -> tuple | tuple[CheckResult, ...]:
-        """The job's inputs, or the result itself when evidence is missing."""
+    def _inputs(self, key: tuple) -> tuple[tuple | None, tuple[CheckResult, ...] | None]:
+        """``(the worker's arguments, None)``, or ``(None, the verdicts)`` when evidence is missing."""
         (patches, files, editable, protected, precision) = key
         texts = []
         for name, digest in patches:
             data = self.ev.blob(digest)
             if data is None:
-                return tuple(missing(SCOPE_IDS + audit_check_ids(), f"patch {name!r} is not in the ledger"))
+                return None, tuple(missing(SCOPE_IDS + audit_check_ids(), f"patch {name!r} is not in the ledger"))
             texts.append((name, data.decode("utf-8", "replace")))
         images = []
         for path, digest in files:
             data = self.ev.blob(digest)
             if data is None:
-                return tuple(check_scope(dict(texts), list(editable), list(protected))) + tuple(
+                return None, tuple(check_scope(dict(texts), list(editable), list(protected))) + tuple(
                     missing(audit_check_ids(), f"the pre-image of {path} is not in the ledger"))
             images.append((path, data))
-        return (tuple(texts), tuple(images), editable, protected, precision)
+        return (tuple(texts), tuple(images), editable, protected, precision), None
 
     def seed(self, key: tuple, stored: tuple[CheckResult, ...]) -> None:
         """Take a row's stored source verdicts for its content (see stored_sources)."""
@@ -179,9 +179,9 @@ class SourceJudge:
         self.rejudged += len(todo)
         jobs = {}
         for key in todo:
-            job = self._job(key)
-            if job and isinstance(job[0], CheckResult):
-                self._keep(key, job)
+            job, verdicts = self._inputs(key)
+            if job is None:
+                self._keep(key, verdicts)
             else:
                 jobs[key] = job
         if len(jobs) >= 8 and self.workers > 1:

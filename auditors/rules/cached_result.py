@@ -34,7 +34,7 @@ class CachedResult(Rule):
             if op.kind != "backward" or not isinstance(op.node.func, cst.Attribute):
                 continue
             loop = self._loop_in_function(source, op.node)
-            name = self._loss_name(op.node)
+            name = model.work.loss_name(op.node)
             computed = [s for s in assignments.get(name, []) if model.work.owner(s) is model.work.owner(op.node)]
             if loop is not None and computed and not any(source.inside(s, loop) for s in computed):
                 findings.append(self.finding(source, op.node, f"`{name}` is computed once, outside the loop, and "
@@ -47,13 +47,6 @@ class CachedResult(Rule):
                 findings.append(self.finding(source, op.node, f"`{source.code(op.node)}` runs only when "
                                              f"`{source.code(guard.test)}`: computed once, reused after"))
         return findings
-
-    @staticmethod
-    def _loss_name(call: cst.Call) -> str | None:
-        target = call.func.value
-        if isinstance(target, cst.Call) and target.args:
-            target = target.args[0].value
-        return dotted(target)
 
     @staticmethod
     def _loop_in_function(source: SourceModel, node: cst.CSTNode) -> cst.CSTNode | None:

@@ -38,18 +38,12 @@ class ClockPatched(Rule):
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
         findings = []
         clock_bindings = set()  # names bound to a clock by import, e.g. `from time import perf_counter`
-        for node in source.of_type(cst.Import, cst.ImportFrom):
-            if isinstance(node.names, cst.ImportStar):
-                continue
-            module = dotted(node.module) if isinstance(node, cst.ImportFrom) and node.module else None
-            for alias in node.names:
-                real = f"{module}.{dotted(alias.name)}" if module else dotted(alias.name)
-                bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
-                if real and (real.split(".")[0] in _CLOCK_MODULES or real in _DEVICE_CLOCKS):
-                    clock_bindings.add(bound)
-                elif bound in _CLOCK_MODULES:
-                    findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, "
-                                                 "not the standard clock module"))
+        for node, real, bound in source.imports():
+            if real.split(".")[0] in _CLOCK_MODULES or real in _DEVICE_CLOCKS:
+                clock_bindings.add(bound)
+            elif bound in _CLOCK_MODULES:
+                findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, "
+                                             "not the standard clock module"))
         for node in source.of_type(cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
             target = node.target
             if isinstance(target, cst.Attribute) and self._clockish(source, target):

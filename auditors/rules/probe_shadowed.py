@@ -34,18 +34,12 @@ class ProbeShadowed(Rule):
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
         findings = []
         probe_bound = set()
-        for node in source.of_type(cst.Import, cst.ImportFrom):
-            if isinstance(node.names, cst.ImportStar):
-                continue
-            module = dotted(node.module) if isinstance(node, cst.ImportFrom) and node.module else None
-            for alias in node.names:
-                real = f"{module}.{dotted(alias.name)}" if module else dotted(alias.name)
-                bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
-                if real == PROBE_MODULE or (real or "").startswith(PROBE_MODULE + "."):
-                    probe_bound.add(bound)
-                elif bound == "probe" or (real or "").rsplit(".", 1)[-1] in ("probe", "from_env"):
-                    findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, not "
-                                                 f"`{PROBE_MODULE}`"))
+        for node, real, bound in source.imports():
+            if real == PROBE_MODULE or real.startswith(PROBE_MODULE + "."):
+                probe_bound.add(bound)
+            elif bound == "probe" or real.rsplit(".", 1)[-1] in ("probe", "from_env"):
+                findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, not "
+                                             f"`{PROBE_MODULE}`"))
         for node in source.of_type(cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
             target = node.target
             name = dotted(target)
@@ -78,8 +72,7 @@ class ProbeShadowed(Rule):
 
     def _foreign_step_regions(self, source: SourceModel) -> list[Finding]:
         """``with X.step(...)`` where X looks like the probe but does not come from from_env()."""
-        uses_probe = bool(source.probe_vars) or any(
-            "infrarsi" in source.code(n) for n in source.of_type(cst.Import, cst.ImportFrom))
+        uses_probe = bool(source.probe_vars) or any(real.startswith("infrarsi") for _, real, _ in source.imports())
         out = []
         for node in source.of_type(cst.With):
             for item in node.items:

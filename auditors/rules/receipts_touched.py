@@ -7,7 +7,7 @@ import re
 import libcst as cst
 
 from .._rule import AuditContext, Finding, Rule
-from .._source import SourceModel, dotted, string_value
+from .._source import SourceModel, string_value
 
 _WORKSPACE_DIR = re.compile(r"(^|[/\\])\.infrarsi([/\\]|$)")
 _INTERNALS = ("infrarsi.ledger", "infrarsi.verifiers", "infrarsi.auditors", "infrarsi._")
@@ -46,15 +46,12 @@ class ReceiptsTouched(Rule):
                     and source.probe_object(node.value):
                 findings.append(self.finding(source, node, f"`{source.code(node)}` reaches into the probe's "
                                              "internals (receipts must go through p.step / p.log)"))
-        for node in source.of_type(cst.Import, cst.ImportFrom):
-            if isinstance(node, cst.ImportFrom):
-                module = dotted(node.module) if node.module else ""
-                names = [] if isinstance(node.names, cst.ImportStar) else [dotted(a.name) for a in node.names]
-                reached = [module] + [f"{module}.{n}" for n in names]
-            else:
-                reached = [dotted(a.name) for a in node.names]
-            hit = next((r for r in reached if r and r.startswith(_INTERNALS)), None)
-            if hit:
+        reported = set()
+        for node, real, _ in source.imports():
+            module = real.rsplit(".", 1)[0] if isinstance(node, cst.ImportFrom) else real
+            hit = module if module.startswith(_INTERNALS) else real.removesuffix(".*")
+            if hit.startswith(_INTERNALS) and id(node) not in reported:
+                reported.add(id(node))
                 findings.append(self.finding(source, node, f"imports `{hit}`: the framework's ledger, verifiers "
                                              "and internals are not the job's to touch"))
         return findings

@@ -67,7 +67,7 @@ while True:
             if not region.loops:
                 continue
             loop = region.loops[0]
-            steps = model._step_names(region)
+            steps = model.step_names(region)
             for node in source.descendants(loop.body):
                 if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
                     continue
