@@ -31,3 +31,9 @@ class ProgressBar:
         if result is not None:
             last = result.status + (f" {result.step_time_s * 1e3:.1f} ms" if result.step_time_s else "")
         self._progress.update(self._task, completed=done, total=total, last=last)
+
+    def update_text(self, label: str, done: int, total: int, last: str = "") -> None:
+        """Like :meth:`update`, with the label and the last-result text given as they are."""
+        if self._task is None:
+            self._task = self._progress.add_task(label, total=total, last="")
+        self._progress.update(self._task, description=label, completed=done, total=total, last=last)

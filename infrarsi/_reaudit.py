@@ -88,6 +88,9 @@ def _judge(ev: Evidence, sources: SourceJudge, row: dict) -> list[CheckResult]:
     if isinstance(contract, str):
         return missing(SCOPE_IDS + audit_check_ids() + RUN_IDS, contract)
     checks = sources.get(source_key(row, contract))
+    if row.get("kind") == "proposal":
+        # A search screening a proposed patch (scope and audit only): a patch, never a run.
+        return checks + [CheckResult(cid, "skipped", "a proposal: screened, never run itself") for cid in RUN_IDS]
     if row["status"] == "rejected" and not row.get("receipts_hash") and not row.get("evidence_hash"):
         # Stopped by a check before it ran (scope, manifest, audit): there is no run to judge.
         return checks + [CheckResult(cid, "skipped", "never ran: rejected before running") for cid in RUN_IDS]

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Field", "SECTIONS", "KNOB_FIELDS", "PATCH_FIELDS", "LOG_FIELDS", "REQUIRED",
-           "PRECISIONS", "REQUIRABLE", "EVIDENCE_KINDS", "DEVICES"]
+           "PRECISIONS", "REQUIRABLE", "EVIDENCE_KINDS", "DEVICES", "PROPOSERS"]
 
 REQUIRED = object()
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 REQUIRABLE = ("loss", "grad_norm", "precision")
 EVIDENCE_KINDS = ("probe", "auto", "log")
 DEVICES = ("cpu", "cuda")
+PROPOSERS = ("contract", "catalog", "llm")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,17 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
         Field("ab_pairs", "int", 5, "back-to-back baseline/candidate pairs before promotion", minimum=2),
         Field("min_speedup", "float", 1.02, "the lower bound of the speedup CI must clear this",
               minimum=1.0),
+        Field("proposers", "choice_list", PROPOSERS,
+              "where patches come from: the contract's [[patches]], the built-in codemod catalog, an LLM",
+              one_of=PROPOSERS),
+        Field("seed", "int", 0, "seed of the search's random starts (a resumed search keeps its own)", minimum=0),
+        Field("llm_base_url", "str", None,
+              "an OpenAI-compatible endpoint (else $INFRARSI_LLM_BASE_URL; the LLM proposer is off without one)"),
+        Field("llm_model", "str", None, "the model name sent to the endpoint (else $INFRARSI_LLM_MODEL)"),
+        Field("llm_api_key_env", "str", "INFRARSI_LLM_API_KEY",
+              "the environment variable holding the key (never the key itself: the contract is committed)"),
+        Field("llm_max_proposals", "int", 3, "patches asked of the LLM per search", minimum=0),
+        Field("llm_cost_per_1k_tokens", "float", 0.0, "price of 1,000 tokens, for the cost totals", minimum=0.0),
     ),
 }
 

@@ -123,13 +123,15 @@ def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[s
 
 class _Verification:
     def __init__(self, ws: Workspace, candidate: Candidate, baseline: dict, pairs: int, progress,
-                 keep_going: bool = False) -> None:
+                 keep_going: bool = False, batch: str | None = None, kind: str = "verify") -> None:
         self.ws, self.candidate, self.pairs = ws, candidate, pairs
         self.summary, self.baseline_id = baseline["summary"], baseline["id"]
         self.keep_going = keep_going
         self.progress = progress
-        self.batch = uuid.uuid4().hex
+        self.batch = batch or uuid.uuid4().hex
+        self.kind = kind
         self.executions: list[int] = []
+        self.candidate_result: ExecutionResult | None = None  # the candidate's own run, once it ran
         self.seq = 0
         self.total = 1 + 2 * pairs
         self.done = 0
@@ -165,13 +167,14 @@ class _Verification:
             result = ExecutionResult(self.candidate, "rejected", detail="rejected before running: "
                                      + "; ".join(c.detail for c in checks if not c.passed),
                                      sources=pre_images(contract.workspace, self.candidate.patches))
-            self._record(result, "verify", checks)
+            self._record(result, self.kind, checks)
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
 
         rules = Rules.from_contract(contract)
         reference = BaselineReference.from_summary(self.summary)
-        result, run_checks = self._run_judged(self.candidate, "verify", "the candidate", rules, reference,
+        result, run_checks = self._run_judged(self.candidate, self.kind, "the candidate", rules, reference,
                                               recorded_with=checks)
+        self.candidate_result = result
         if _failed(run_checks) or (self.keep_going and _failed(checks)):
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
         if self.pairs == 0:  # correctness only: never a receipt

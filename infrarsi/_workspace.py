@@ -102,7 +102,7 @@ class Workspace:
 
     def record(self, result: ExecutionResult, kind: str, batch: str, seq: int = 0,
                verdicts: list[dict] | None = None, rule_version: str | None = None,
-               baseline_id: int | None = None) -> int:
+               baseline_id: int | None = None, llm_tokens: int = 0, llm_cost: float = 0.0) -> int:
         blobs: dict[str, tuple[bytes, str]] = {}
         patches = []
         for patch in result.candidate.patches:
@@ -130,6 +130,7 @@ class Workspace:
             "receipts_hash": receipts_hash, "evidence_hash": evidence_hash,
             "stderr_tail": result.stderr_tail[-4000:],
             "verdicts": verdicts, "rule_version": rule_version, "baseline_id": baseline_id,
+            "llm_tokens": int(llm_tokens), "llm_cost": float(llm_cost),
         }, blobs=blobs)
 
 

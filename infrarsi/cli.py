@@ -59,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-going", action="store_true",
                    help="run the candidate even after a check before the run failed, to see every layer's verdict")
 
+    p = verbs.add_parser("search", help="guarded search over knobs x patches; promotes only candidates with receipts")
+    _common(p)
+    p.add_argument("--budget", type=int, default=None,
+                   help="executions the search may launch, promotion reruns included (default: the contract's)")
+    p.add_argument("--resume", action="store_true", help="continue the last unfinished search from the ledger")
+    p.add_argument("--pack", default=None, metavar="PACK.json", help="an experience pack to use as priors")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random starts (default: the contract's)")
+
+    p = verbs.add_parser("pack", help="experience packs: `infrarsi pack export [--out PACK.json]`")
+    p.add_argument("action", choices=["export"])
+    _common(p)
+    p.add_argument("--out", default=None, metavar="PACK.json", help="where to write it (default: .infrarsi/pack.json)")
+
     p = verbs.add_parser("receipt", help="check a receipt: `infrarsi receipt verify R.json`")
     p.add_argument("action", choices=["verify"])
     p.add_argument("path", metavar="RECEIPT.json")
@@ -188,6 +201,54 @@ def _cmd_verify(args) -> int:
     return EXIT_OK if outcome.accepted else EXIT_REJECTED
 
 
+def _cmd_search(args) -> int:
+    from infrarsi.search import search, search_summary
+
+    if args.budget is not None and args.budget < 1:
+        raise _usage(f"--budget {args.budget}: expected a positive number of executions")
+    bar = None if args.json or not sys.stderr.isatty() else _SearchBar()
+    with bar or _Null():
+        outcome = search(args.contract, budget=args.budget, resume=args.resume, pack=args.pack, seed=args.seed,
+                         progress=bar.update if bar else None)
+    _emit(args, outcome.to_json(), search_summary(outcome))
+    return EXIT_OK if outcome.best else EXIT_REJECTED
+
+
+def _cmd_pack(args) -> int:
+    from infrarsi.search import export_pack
+
+    path, pack = export_pack(args.contract, args.out)
+    human = (f"pack {path}: {len(pack['findings'])} verified finding(s), {len(pack['runs'])} run(s), "
+             f"measured on {pack['hardware'].get('cpu') or pack['hardware'].get('device') or 'this machine'}")
+    _emit(args, {"pack": str(path), "findings": len(pack["findings"]), "runs": len(pack["runs"])}, human)
+    return EXIT_OK
+
+
+def _usage(message: str):
+    from infrarsi._candidate import UsageError
+
+    return UsageError(message)
+
+
+class _SearchBar:
+    """One rich bar over the search's budget, with the phase and the last result."""
+
+    def __init__(self) -> None:
+        from infrarsi._progress import ProgressBar
+
+        self._bar = ProgressBar("search")
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)
+
+    def update(self, phase: str, done: int, total: int, last: str) -> None:
+        self._bar.update_text(f"search: {phase}", done, total, last)
+
+
 def _cmd_receipt(args) -> int:
     from infrarsi._receipt import verify_receipt
 
@@ -253,7 +314,7 @@ def _num(value, fmt: str) -> str:
 
 
 _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
-             "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit, "demo": _cmd_demo}
+             "search": _cmd_search, "pack": _cmd_pack, "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,685 @@
+"""`infrarsi search`: multi-start, model-guided exploration, then promotion through `verify`.
+
+Exploration runs each candidate once, through the same cheap checks and run
+judgement as `verify` (``--pairs 0``), so a cheating or numerics-changing candidate
+is rejected before it can look fast. The models are refit after every execution.
+Promotion sends the best candidates by posterior through the full `verify`
+pipeline; only a candidate with a receipt is promoted, and the best promoted one
+is the result.
+
+The ledger is the search's memory: every execution is committed the moment it
+ends, under the search's batch names, so ``--resume`` rebuilds the state from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from infrarsi._candidate import Candidate, PatchRef, UsageError
+from infrarsi._patch import PatchParseError
+from infrarsi._runner import ExecutionInterrupted, ExecutionResult
+from infrarsi._sandbox import PatchRejected
+from infrarsi._sources import changed_sources, pre_images
+from infrarsi._workspace import Workspace, open_workspace
+from infrarsi.auditors import check_sources
+from infrarsi.search._models import Failures, MemoryModel, SpeedModel, expected_improvement
+from infrarsi.search._proposers import ContractProposer, Proposal, ProposalContext, Proposer, editable_sources
+from infrarsi.search._space import Point, Space
+from infrarsi.verifiers import CheckResult, check_scope
+
+__all__ = ["search", "SearchOutcome", "Observation", "SearchState", "promotion_cost", "exploration_budget"]
+
+META_KEY = "search:current"
+INTERRUPTED = "interrupted"   # detail prefix of an execution cut short by our own stop: no evidence
+
+
+def promotion_cost(ab_pairs: int) -> int:
+    """Executions one `verify` takes at most: the candidate run, then the A/B pairs."""
+    return 1 + 2 * ab_pairs
+
+
+def exploration_budget(budget: int, promote_top: int, ab_pairs: int) -> tuple[int, int]:
+    """(exploration executions, promotions planned) for a total budget.
+
+    Promotions are reserved first, but never more than half the budget, and at least one.
+    """
+    cost = promotion_cost(ab_pairs)
+    if budget < cost + 1:
+        raise UsageError(f"--budget {budget}: too small; one promotion (`verify` with {ab_pairs} A/B pairs) "
+                         f"takes {cost} executions, plus at least one exploration run")
+    planned = min(promote_top, max(1, (budget // 2) // cost))
+    return budget - planned * cost, planned
+
+
+@dataclass
+class Observation:
+    point: Point
+    status: str            # ok | oom | crash | timeout | rejected, or "interrupted" (no evidence)
+    step_time_s: float | None
+    peak_mem_mb: float | None
+    execution: int | None
+    origin: str
+    detail: str = ""
+    device_s: float = 0.0
+
+
+@dataclass
+class SearchState:
+    """What the search knows: its observations, learned failures, and where it started."""
+
+    space: Space
+    baseline: Observation
+    limit_mb: float
+    observations: list[Observation] = field(default_factory=list)
+    failures: Failures = field(default_factory=Failures)
+    conflicts: set[frozenset[str]] = field(default_factory=set)
+    rescued: list[dict] = field(default_factory=list)
+    priors: list[tuple[Point, float]] = field(default_factory=list)   # a pack's pseudo-runs
+
+    def tried(self) -> set[Point]:
+        return {o.point for o in self.observations if o.status != INTERRUPTED} | {self.baseline.point}
+
+    def add(self, obs: Observation) -> None:
+        self.observations.append(obs)
+        atoms = self.space.atoms_of(obs.point)
+        if obs.status == "ok":
+            self.failures.add_success(atoms)
+        elif obs.status in ("crash", "rejected") and atoms:
+            self.failures.add_failure(atoms, f"{obs.status}: {obs.detail[:160]}")
+
+    def ok(self) -> list[Observation]:
+        return [self.baseline] + [o for o in self.observations if o.status == "ok" and o.step_time_s]
+
+    def speed_model(self) -> SpeedModel:
+        from infrarsi.search._pack import PRIOR_WEIGHT
+
+        ok = self.ok()
+        points = [o.point for o in ok] + [p for p, _ in self.priors]
+        times = [o.step_time_s for o in ok] + [t for _, t in self.priors]
+        weights = [1.0] * len(ok) + [PRIOR_WEIGHT] * len(self.priors)
+        return SpeedModel(self.space).fit(points, times, weights)
+
+    def memory_model(self) -> MemoryModel:
+        seen = [o for o in [self.baseline] + self.observations
+                if (o.status == "ok" and o.peak_mem_mb) or o.status == "oom"]
+        return MemoryModel(self.space, self.limit_mb).fit(
+            [o.point for o in seen], [o.peak_mem_mb if o.status == "ok" else None for o in seen],
+            [o.status == "oom" for o in seen])
+
+    def p_ok(self, points: list[Point]) -> np.ndarray:
+        judge = self.failures.judge()
+        out = np.array([judge(self.space.atoms_of(p)) for p in points], dtype=float)
+        for i, p in enumerate(points):
+            if any(c <= p.patches for c in self.conflicts):
+                out[i] = 0.0
+        return out
+
+    def best_log(self) -> float:
+        return min(math.log(o.step_time_s) for o in self.ok())
+
+
+@dataclass
+class SearchOutcome:
+    search_id: str
+    best: dict | None
+    promoted: list[dict]
+    attempts: list[dict]
+    executions: int
+    exploration: int
+    budget: int
+    cost: dict
+    incompatibilities: list[dict]
+    rescued: list[dict]
+    proposals: dict
+    resumed: bool
+    messages: list[str]
+    history: list[dict]
+
+    def to_json(self) -> dict:
+        """The DESIGN.md shape of `search --json`, with the details after it."""
+        return {"best": self.best, "executions": self.executions, "promoted": self.promoted, "cost": self.cost,
+                "search": self.search_id, "budget": self.budget, "exploration": self.exploration,
+                "attempts": self.attempts, "incompatibilities": self.incompatibilities, "rescued": self.rescued,
+                "proposals": self.proposals, "resumed": self.resumed, "messages": self.messages,
+                "history": self.history}
+
+
+# -- proposers ------------------------------------------------------------------------------
+
+def default_proposers(ws: Workspace, messages: list[str]) -> list[Proposer]:
+    wanted = ws.contract.search.proposers
+    out: list[Proposer] = []
+    if "contract" in wanted:
+        out.append(ContractProposer())
+    if "catalog" in wanted:
+        from infrarsi.search._catalog import CatalogProposer
+
+        out.append(CatalogProposer())
+    if "llm" in wanted:
+        from infrarsi.search._llm import LLMProposer, llm_config
+
+        config, why = llm_config(ws.contract.search.values, os.environ)
+        messages.append(f"LLM proposer {why}")
+        if config is not None:
+            out.append(LLMProposer(config))
+    return out
+
+
+def _screen(ws: Workspace, patch: PatchRef) -> list[CheckResult]:
+    """The cheap checks a proposal must pass before it may join the space: scope and the audit."""
+    contract = ws.contract
+    checks = check_scope({patch.name: patch.text}, list(contract.scope.editable), list(contract.protected_globs))
+    if any(not c.passed for c in checks):
+        return checks
+    try:
+        sources = changed_sources(contract.workspace, (patch,))
+    except (PatchRejected, PatchParseError) as exc:
+        return checks + [CheckResult("scope.apply", "fail", f"does not apply: {exc}")]
+    return checks + check_sources(sources, contract.numerics.precision, contract.protected_globs)
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+class _Journal:
+    """The execution in flight, on disk, with a heartbeat: what a SIGKILL leaves behind."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, entry: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {**entry, "started": time.time(), "alive": time.time()}
+        self._write(entry)
+        self._stop.clear()
+
+        def beat() -> None:
+            while not self._stop.wait(1.0):
+                entry["alive"] = time.time()
+                self._write(entry)
+
+        self._thread = threading.Thread(target=beat, daemon=True)
+        self._thread.start()
+
+    def _write(self, entry: dict) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, self.path)
+
+    def end(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+    def read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+class _JournalledExecutor:
+    def __init__(self, inner, journal: _Journal, ledger) -> None:
+        self.inner, self.journal, self.ledger = inner, journal, ledger
+        self.batch = ""
+
+    def run(self, contract, pinned, candidate):
+        self.journal.begin({"batch": self.batch, "rows_before": self.ledger.count(),
+                            "knobs": candidate.knobs, "patches": [p.name for p in candidate.patches]})
+        try:
+            return self.inner.run(contract, pinned, candidate)
+        finally:
+            self.journal.end()
+
+
+class _Search:
+    def __init__(self, ws: Workspace, stored_baseline: dict, state_meta: dict, resumed: bool,
+                 proposers: list[Proposer] | None, pack: dict | None,
+                 progress: Callable[[str, int, int, str], None] | None) -> None:
+        self.ws, self.meta, self.resumed, self.pack = ws, state_meta, resumed, pack
+        self.progress = progress
+        self.summary, self.baseline_id = stored_baseline["summary"], stored_baseline["id"]
+        self.id = state_meta["id"]
+        self.batch = f"search-{self.id}"
+        self.rng = random.Random(state_meta["seed"])
+        self.messages: list[str] = []
+        self.patches: dict[str, PatchRef] = {}
+        self.origins: dict[str, str] = {}
+        contract = ws.contract
+        knobs = {name: (k.choices, k.baseline) for name, k in contract.knobs.items()}
+        self.space = Space(knobs, [])
+        base_point = self.space.baseline()
+        self.state = SearchState(self.space, Observation(base_point, "ok", self.summary["step_time_s"]["median"],
+                                                         self.summary.get("peak_mem_mb"), None, "baseline"),
+                                 float(contract.resources.memory_limit_mb))
+        self.journal = _Journal(contract.state_dir / "search" / f"{self.id}.inflight.json")
+        self.executor = _JournalledExecutor(ws.executor, self.journal, ws.ledger)
+        self._proposers = proposers
+        self.history: list[dict] = []
+        self.attempts: list[dict] = []
+        self._cache: tuple[int, list[dict]] = (-1, [])
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        self.ws.ledger.set_meta(META_KEY, json.dumps(self.meta, sort_keys=True))
+
+    def _rows(self) -> list[dict]:
+        count = self.ws.ledger.count()
+        if self._cache[0] != count:
+            self._cache = (count, [r for r in self.ws.ledger.executions()
+                                   if str(r.get("batch", "")).startswith(self.batch)])
+        return self._cache[1]
+
+    def launched(self) -> int:
+        return sum(1 for r in self._rows() if r.get("kind") != "proposal")
+
+    def _candidate(self, point: Point) -> Candidate:
+        return Candidate(knobs=point.knob_map, patches=tuple(self.patches[p] for p in sorted(point.patches)))
+
+    def _tick(self, phase: str, last: str = "") -> None:
+        if self.progress:
+            self.progress(phase, self.launched(), self.meta["budget"], last)
+
+    # -- proposals ----------------------------------------------------------------------------
+
+    def gather(self) -> None:
+        """Ask the proposers once per search (kept in the meta, so a resume asks no LLM again)."""
+        if "proposals" not in self.meta:
+            context = ProposalContext(self.ws.contract.workspace, self.ws.contract,
+                                      editable_sources(self.ws.contract), dict(self.summary))
+            found: list[Proposal] = []
+            proposers = self._proposers if self._proposers is not None else default_proposers(self.ws, self.messages)
+            for proposer in proposers:
+                try:
+                    found += proposer.propose(context)
+                except Exception as exc:  # a proposer is outside code: its failure is a message, not a crash
+                    self.messages.append(f"proposer {proposer.name} failed: {type(exc).__name__}: {exc}")
+            if self.pack:
+                from infrarsi.search._pack import pack_patches
+
+                known = {p.patch.name for p in found}
+                found += [Proposal(PatchRef(name, text), "pack", "used by a verified finding of the pack")
+                          for name, text in pack_patches(self.pack).items() if name not in known]
+            accepted, seen_text = {}, set()
+            for proposal in found:
+                if proposal.patch.text in seen_text:
+                    continue
+                seen_text.add(proposal.patch.text)
+                if proposal.origin == "contract":
+                    accepted[proposal.patch.name] = [proposal.patch.text, proposal.origin]
+                    continue
+                checks = _screen(self.ws, proposal.patch)
+                failed = [c for c in checks if not c.passed]
+                status = "rejected" if failed else "ok"
+                detail = ("proposal rejected: " + "; ".join(f"{c.id}: {c.detail}" for c in failed) if failed
+                          else "proposal screened in (scope and audit pass); its runs are separate executions")
+                result = ExecutionResult(Candidate(knobs=self.ws.contract.baseline_knobs(), patches=(proposal.patch,)),
+                                         status, detail=detail,
+                                         sources=pre_images(self.ws.contract.workspace, (proposal.patch,)))
+                self.ws.record(result, kind="proposal", batch=self.batch + "-proposals",
+                               verdicts=[c.to_json() for c in checks], llm_tokens=proposal.llm_tokens,
+                               llm_cost=proposal.llm_cost)
+                if not failed:
+                    accepted[proposal.patch.name] = [proposal.patch.text, proposal.origin]
+            self.meta["proposals"] = accepted
+            self._save()
+        for name, (text, origin) in self.meta["proposals"].items():
+            self.patches[name] = PatchRef(name, text)
+            self.origins[name] = origin
+            self.space.add_patch(name)
+        self.state.baseline.point = self.space.baseline()
+        if self.pack:
+            from infrarsi.search._pack import prior_runs
+
+            self.state.priors = prior_runs(self.pack, self.space, self.state.baseline.step_time_s)
+
+    # -- replay (resume) ----------------------------------------------------------------------
+
+    def replay(self) -> None:
+        """Rebuild observations from this search's rows; record an execution a SIGKILL cut off."""
+        entry = self.journal.read()
+        if entry is not None:
+            recorded = any(r["id"] > entry["rows_before"] and r.get("batch") == entry["batch"] for r in self._rows())
+            if not recorded:
+                device_s = max(0.0, entry["alive"] - entry["started"])
+                patches = tuple(self.patches[p] for p in entry["patches"] if p in self.patches)
+                cut = ExecutionResult(Candidate(knobs=entry["knobs"], patches=patches), "crash",
+                                      detail=f"{INTERRUPTED}: the search was killed while this execution ran "
+                                             f"(at least {device_s:.1f} s); recorded on resume",
+                                      device_s=device_s, wall_s=device_s,
+                                      sources=pre_images(self.ws.contract.workspace, patches))
+                kind = "search" if entry["batch"] == self.batch else "verify"
+                self.ws.record(cut, kind=kind, batch=entry["batch"], seq=0, baseline_id=self.baseline_id)
+                self.messages.append(f"recorded the execution the kill cut off ({device_s:.1f} s) as crash")
+            self.journal.path.unlink(missing_ok=True)
+        for row in self._rows():
+            if row.get("batch") != self.batch:
+                continue
+            point = self.space.point(row.get("knobs") or {}, [p["name"] for p in row.get("patches") or []])
+            status = row["status"]
+            if status == "crash" and str(row.get("detail", "")).startswith(INTERRUPTED):
+                status = INTERRUPTED
+            self.state.add(Observation(point, status, row.get("step_time_s"), row.get("peak_mem_mb"), row["id"],
+                                       "resumed", row.get("detail") or "", row.get("device_s") or 0.0))
+
+    # -- choosing -------------------------------------------------------------------------------
+
+    def _score(self, points: list[Point], speed: SpeedModel, memory: MemoryModel) -> np.ndarray:
+        if not points:
+            return np.zeros(0)
+        mean, std = speed.predict(points)
+        ei = expected_improvement(mean, std, self.state.best_log())
+        return ei * memory.p_fit(points) * self.state.p_ok(points)
+
+    def _fresh(self, points) -> list[Point]:
+        tried = self.state.tried()
+        return [p for p in dict.fromkeys(points) if p not in tried]
+
+    def _applies(self, point: Point) -> bool:
+        """Pre-flight: does the patch set apply together? A conflict is learned, not run."""
+        if len(point.patches) < 2:
+            return True
+        if any(c <= point.patches for c in self.state.conflicts):
+            return False
+        try:
+            changed_sources(self.ws.contract.workspace, self._candidate(point).patches)
+        except (PatchRejected, PatchParseError):
+            pair = self._conflict_pair(point)
+            self.state.conflicts.add(pair)
+            self.messages.append(f"patches {' + '.join(sorted(pair))} do not apply together: not run")
+            return False
+        return True
+
+    def _conflict_pair(self, point: Point) -> frozenset[str]:
+        names = sorted(point.patches)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                try:
+                    changed_sources(self.ws.contract.workspace, (self.patches[a], self.patches[b]))
+                except (PatchRejected, PatchParseError):
+                    return frozenset([a, b])
+        return frozenset(names)
+
+    def _pick(self, points: list[Point], speed, memory) -> Point | None:
+        fresh = self._fresh(points)
+        if not fresh:
+            return None
+        scores = self._score(fresh, speed, memory)
+        for index in np.argsort(-scores):
+            if scores[index] <= 0:
+                return None
+            if self._applies(fresh[index]):
+                return fresh[index]
+        return None
+
+    def starts(self) -> list[tuple[Point, str]]:
+        """Baseline, the pack's and the catalog's suggestions, then random points spread apart."""
+        wanted = self.ws.contract.search.starts
+        out: list[tuple[Point, str]] = [(self.state.baseline.point, "baseline")]
+        if self.pack:
+            from infrarsi.search._pack import suggestions
+
+            for point in suggestions(self.pack, self.space)[:max(1, wanted // 2)]:
+                out.append((point, "pack"))
+        catalog = [n for n, o in self.origins.items() if o != "contract"]
+        if catalog:
+            out.append((self.space.point({}, catalog), "catalog"))
+        # Random starts change one or two things each: far apart from each other, but each
+        # near enough to the original that it is likely to run (a start that fails teaches little).
+        base = self.state.baseline.point
+        pool = sorted({self.space.with_atoms(base, self.rng.sample(self.space.atoms, k))
+                       for k in (1, 2) for _ in range(128) if len(self.space.atoms) >= k})
+        pool = [p for p in pool if self.state.p_ok([p])[0] > 0]
+        chosen = [p for p, _ in out]
+        while len(out) < wanted and pool:
+            # Farthest from everything chosen so far (in atoms changed).
+            far = max(pool, key=lambda p: min(len(self.space.atoms_of(p) ^ self.space.atoms_of(c)) for c in chosen))
+            pool.remove(far)
+            out.append((far, "random"))
+            chosen.append(far)
+        seen, unique = set(), []
+        for point, origin in out:
+            if point not in seen:
+                seen.add(point)
+                unique.append((point, origin))
+        return unique[:max(wanted, 1 + bool(self.pack))]
+
+    # -- running ------------------------------------------------------------------------------
+
+    def explore_one(self, point: Point, origin: str) -> Observation:
+        from infrarsi._verify import _Verification
+
+        self.executor.batch = self.batch
+        self.ws.executor, inner = self.executor, self.ws.executor
+        try:
+            stored = {"summary": self.summary, "id": self.baseline_id}
+            check = _Verification(self.ws, self._candidate(point), stored, 0, None, batch=self.batch, kind="search")
+            check.seq = len(self._rows())
+            try:
+                check.run()
+            except ExecutionInterrupted:
+                raise
+        finally:
+            self.ws.executor = inner
+        row = self.ws.ledger.get_execution(check.executions[-1])
+        obs = Observation(point, row["status"], row.get("step_time_s"), row.get("peak_mem_mb"), row["id"], origin,
+                          row.get("detail") or "", row.get("device_s") or 0.0)
+        self.state.add(obs)
+        speedup = (self.state.baseline.step_time_s / obs.step_time_s) if obs.status == "ok" and obs.step_time_s else None
+        self.history.append({"execution": row["id"], "origin": origin, "status": obs.status, "speedup": speedup,
+                             **point.describe()})
+        self._tick("explore", f"{origin}: {obs.status}" + (f" {speedup:.2f}x" if speedup else ""))
+        return obs
+
+    def explore(self, exploration: int) -> None:
+        starts = self.starts()
+        incumbents = [p for p, _ in starts]
+        for point, origin in starts:
+            if self.launched() >= exploration:
+                return
+            if point in self.state.tried() or self.state.p_ok([point])[0] == 0 or not self._applies(point):
+                continue
+            obs = self.explore_one(point, f"start:{origin}")
+            if obs.status == "oom":
+                self._rescue(obs, exploration)
+        slot = 0
+        stale = 0
+        while self.launched() < exploration and stale < 3 * (len(incumbents) + 1):
+            speed, memory = self.state.speed_model(), self.state.memory_model()
+            if slot < len(incumbents):
+                centre = self._incumbent(incumbents[slot])
+                incumbents[slot] = centre
+                near = self.space.neighbours(centre)
+                near += [q for p in near for q in self.space.neighbours(p)]
+                choice, origin = self._pick(near, speed, memory), f"local:{slot}"
+            else:
+                choice, origin = self._pick(self.space.pool(self.rng), speed, memory), "global"
+            slot = (slot + 1) % (len(incumbents) + 1)
+            if choice is None:
+                stale += 1
+                continue
+            stale = 0
+            obs = self.explore_one(choice, origin)
+            if obs.status == "oom":
+                self._rescue(obs, exploration)
+
+    def _incumbent(self, centre: Point) -> Point:
+        """The best ok point within two changes of ``centre``, else ``centre`` itself."""
+        near = [o for o in self.state.ok()
+                if len(self.space.atoms_of(o.point) ^ self.space.atoms_of(centre)) <= 2]
+        return min(near, key=lambda o: o.step_time_s).point if near else centre
+
+    def _keeps(self, oom: Point, point: Point) -> bool:
+        """Does ``point`` keep what ``oom`` changed (its patches, and each changed knob off its baseline)?"""
+        base = self.space.baseline().knob_map
+        knobs = point.knob_map
+        return oom.patches <= point.patches and all(
+            knobs[k] != base[k] for k, v in oom.knobs if v != base[k])
+
+    def _rescue(self, oom: Observation, exploration: int) -> None:
+        """A promising candidate ran out of memory: try it with the changes the memory model says save memory."""
+        speed, memory = self.state.speed_model(), self.state.memory_model()
+        mean, std = speed.predict([oom.point])
+        if mean[0] - std[0] > self.state.best_log():   # not promising: even optimistically no faster than the best
+            return
+        near = self.space.neighbours(oom.point)
+        near += [q for p in near for q in self.space.neighbours(p)]
+        partners = [p for p in self._fresh(near) if self._keeps(oom.point, p)]
+        base_mem = memory.predict([oom.point])[0][0]
+        if not partners:
+            return
+        saved = base_mem - memory.predict(partners)[0]
+        keep = [p for p, s in zip(partners, saved) if s > 0]
+        if not keep or self.launched() >= exploration:
+            return
+        choice = self._pick(keep, speed, memory)
+        if choice is None:
+            return
+        obs = self.explore_one(choice, "partner")
+        added = sorted(self.space.atoms_of(choice) - self.space.atoms_of(oom.point))
+        if obs.status == "ok":
+            self.state.rescued.append({"oom_execution": oom.execution, "rescued_by": added,
+                                       "execution": obs.execution, **choice.describe()})
+        elif obs.status == "oom" and self.launched() < exploration:
+            self._rescue(obs, exploration)
+
+    # -- promotion ------------------------------------------------------------------------------
+
+    def ranked(self) -> list[Point]:
+        """Candidates ran once and passed, best posterior step time first, each faster than the baseline."""
+        ok = [o for o in self.state.observations if o.status == "ok" and o.step_time_s]
+        if not ok:
+            return []
+        speed = self.state.speed_model()
+        points = list(dict.fromkeys(o.point for o in ok))
+        mean, _ = speed.predict(points)
+        measured = {o.point: o.step_time_s for o in ok}
+        base = self.state.baseline.step_time_s
+        min_speedup = float(self.ws.contract.search.min_speedup)
+        order = np.argsort(mean)
+        return [points[i] for i in order if base / measured[points[i]] >= min_speedup and mean[i] < math.log(base)]
+
+    def promote(self, budget: int) -> None:
+        from infrarsi._verify import _Verification
+
+        contract = self.ws.contract
+        cost = promotion_cost(contract.search.ab_pairs)
+        done = {a["key"]: a for a in self.meta.get("promotions", [])}
+        for point in self.ranked():
+            if len([a for a in self.attempts if a["accepted"]]) >= contract.search.promote_top:
+                break
+            key = point.key()
+            if key in done and done[key].get("finished"):
+                self.attempts.append(done[key])
+                continue
+            if budget - self.launched() < cost:
+                self.messages.append(f"budget left ({budget - self.launched()}) is less than one promotion ({cost})")
+                break
+            n = len(self.meta.setdefault("promotions", []))
+            batch = f"{self.batch}-verify-{n}"
+            entry = {"key": key, "batch": batch, "finished": False, **point.describe()}
+            self.meta["promotions"].append(entry)
+            self._save()
+            self.executor.batch = batch
+            self.ws.executor, inner = self.executor, self.ws.executor
+
+            def tick(done_runs, total, result):
+                self._tick("promote", f"verify {' '.join(point.describe()['patches']) or 'knobs'}: "
+                                      f"{done_runs}/{total}")
+
+            try:
+                outcome = _Verification(self.ws, self._candidate(point), {"summary": self.summary,
+                                        "id": self.baseline_id}, contract.search.ab_pairs, tick, batch=batch).run()
+            finally:
+                self.ws.executor = inner
+            entry.update(finished=True, accepted=outcome.accepted, speedup=outcome.speedup,
+                         receipt=str(outcome.receipt) if outcome.receipt else None,
+                         failed=[c.id for c in outcome.checks if c.status in ("fail", "unchecked")])
+            self._save()
+            self.attempts.append(entry)
+
+    # -- the whole search -------------------------------------------------------------------------
+
+    def run(self) -> SearchOutcome:
+        contract = self.ws.contract
+        budget = self.meta["budget"]
+        exploration, _ = exploration_budget(budget, contract.search.promote_top, contract.search.ab_pairs)
+        self.gather()
+        self.replay()
+        self._tick("explore")
+        self.explore(exploration)
+        self.promote(budget)
+        self.meta["finished"] = True
+        self._save()
+        return self.outcome(exploration)
+
+    def outcome(self, exploration: int) -> SearchOutcome:
+        rows = self._rows()
+        by_status: dict[str, int] = {}
+        for r in rows:
+            by_status[f"{r.get('kind')}:{r['status']}"] = by_status.get(f"{r.get('kind')}:{r['status']}", 0) + 1
+        cost = {"device_s": round(sum(r.get("device_s") or 0.0 for r in rows), 3),
+                "llm_tokens": int(sum(r.get("llm_tokens") or 0 for r in rows)),
+                "llm_cost": round(sum(r.get("llm_cost") or 0.0 for r in rows), 6),
+                "executions": sum(1 for r in rows if r.get("kind") != "proposal"),
+                "by_status": dict(sorted(by_status.items()))}
+        promoted = [{"knobs": a["knobs"], "patches": a["patches"], "speedup": a["speedup"], "receipt": a["receipt"]}
+                    for a in self.attempts if a.get("accepted") and a.get("receipt")]
+        best = max(promoted, key=lambda a: a["speedup"]["median"]) if promoted else None
+        proposals = {name: self.origins[name] for name in self.patches}
+        return SearchOutcome(self.id, best, promoted, self.attempts, cost["executions"],
+                             sum(1 for r in rows if r.get("kind") == "search"), self.meta["budget"], cost,
+                             self.state.failures.incompatibilities()
+                             + [{"atoms": [f"+{p}" for p in sorted(c)], "learned": True,
+                                 "why": "the patches do not apply together"} for c in self.state.conflicts],
+                             self.state.rescued, proposals, self.resumed, self.messages, self.history)
+
+
+def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = None, resume: bool = False,
+           pack: str | Path | None = None, seed: int | None = None, proposers: list[Proposer] | None = None,
+           progress: Callable[[str, int, int, str], None] | None = None) -> SearchOutcome:
+    """Search knobs x patches under the contract; only candidates with receipts are promoted."""
+    with open_workspace(contract_path) as ws:
+        stored = ws.ledger.latest_baseline()
+        if stored is None:
+            raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
+        pack_data = None
+        if pack is not None:
+            from infrarsi.search._pack import load_pack
+
+            pack_data = load_pack(pack)
+        previous = ws.ledger.get_meta(META_KEY)
+        if resume:
+            if previous is None:
+                raise UsageError(f"{ws.contract.path}: --resume: no search has been started in this workspace")
+            meta = json.loads(previous)
+            if meta.get("finished"):
+                raise UsageError(f"--resume: the last search ({meta['id']}) finished; nothing to resume "
+                                 f"(run `infrarsi search` for a new one)")
+            if budget is not None:
+                meta["budget"] = budget
+            if pack_data is None and meta.get("pack"):
+                from infrarsi.search._pack import load_pack
+
+                pack_data = load_pack(meta["pack"])
+        else:
+            meta = {"id": uuid.uuid4().hex[:12], "seed": ws.contract.search.seed if seed is None else seed,
+                    "budget": ws.contract.search.budget_executions if budget is None else budget,
+                    "pack": str(Path(pack).resolve()) if pack else None, "finished": False}
+        exploration_budget(meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs)
+        ws.ledger.set_meta(META_KEY, json.dumps(meta, sort_keys=True))
+        return _Search(ws, stored, meta, resume, proposers, pack_data, progress).run()
