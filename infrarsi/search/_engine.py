@@ -614,15 +614,18 @@ class _Search:
 
     # -- the whole search -------------------------------------------------------------------------
 
-    def run(self) -> SearchOutcome:
+    def run(self, promote: bool = True) -> SearchOutcome:
         contract = self.ws.contract
         budget = self.meta["budget"]
-        exploration, _ = exploration_budget(budget, contract.search.promote_top, contract.search.ab_pairs)
+        exploration = budget
+        if promote:
+            exploration, _ = exploration_budget(budget, contract.search.promote_top, contract.search.ab_pairs)
         self.gather()
         self.replay()
         self._tick("explore")
         self.explore(exploration)
-        self.promote(budget)
+        if promote:
+            self.promote(budget)
         self.meta["finished"] = True
         self._save()
         return self.outcome(exploration)
@@ -651,8 +654,12 @@ class _Search:
 
 def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = None, resume: bool = False,
            pack: str | Path | None = None, seed: int | None = None, proposers: list[Proposer] | None = None,
-           progress: Callable[[str, int, int, str], None] | None = None) -> SearchOutcome:
-    """Search knobs x patches under the contract; only candidates with receipts are promoted."""
+           progress: Callable[[str, int, int, str], None] | None = None, promote: bool = True) -> SearchOutcome:
+    """Search knobs x patches under the contract; only candidates with receipts are promoted.
+
+    ``promote=False`` spends the whole budget exploring and promotes nothing (so ``best``
+    is None): for benchmarks that score exploration alone, never for a result.
+    """
     with open_workspace(contract_path) as ws:
         stored = ws.ledger.latest_baseline()
         if stored is None:
@@ -680,6 +687,7 @@ def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = Non
             meta = {"id": uuid.uuid4().hex[:12], "seed": ws.contract.search.seed if seed is None else seed,
                     "budget": ws.contract.search.budget_executions if budget is None else budget,
                     "pack": str(Path(pack).resolve()) if pack else None, "finished": False}
-        exploration_budget(meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs)
+        if promote:
+            exploration_budget(meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs)
         ws.ledger.set_meta(META_KEY, json.dumps(meta, sort_keys=True))
-        return _Search(ws, stored, meta, resume, proposers, pack_data, progress).run()
+        return _Search(ws, stored, meta, resume, proposers, pack_data, progress).run(promote)
