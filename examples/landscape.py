@@ -43,9 +43,9 @@ for name, knob in spec["knobs"].items():
         value = argv[argv.index(knob["flag"]) + 1]
     if value != knob["baseline"]:
         atoms.add(f"{name}={value}")
-for patch in spec["patches"]:
-    if "ON = True" in (here / "switches" / f"{patch}.py").read_text():
-        atoms.add(f"+{patch}")
+for switch in sorted((here / "switches").glob("*.py")):
+    if "ON = True" in switch.read_text():
+        atoms.add(f"+{switch.stem}")
 
 
 def applies(key):
@@ -67,20 +67,26 @@ for key, delta in spec["memory"].items():
 hoard = bytearray(int(max(mem_mb, 1) * 2 ** 20))
 for i in range(0, len(hoard), 4096):
     hoard[i] = 1
+shift = 1.0
+for key, factor in spec.get("loss", {}).items():
+    if applies(key):
+        shift *= factor
 p = probe.from_env()
 steps = p.total_steps or 6
 p.meta(flops_per_token=1000, atoms=sorted(atoms))
 for step in range(1, steps + 1):
     with p.step(step, tokens=64):
         time.sleep(step_ms * random.lognormvariate(0.0, spec["noise"]) / 1000)
-    p.log(step, loss=3.0 / (1 + 0.1 * step), grad_norm=1.0 + step / 50)
+    p.log(step, loss=shift * 3.0 / (1 + 0.1 * step), grad_norm=1.0 + step / 50)
 p.close()
 '''
 
 
 @dataclass
 class Landscape:
-    """``time``: atom set ("a" or "a&b") -> factor on the step time; ``memory``: -> MB added."""
+    """``time``: atom set ("a" or "a&b") -> factor on the step time; ``memory``: -> MB added;
+    ``loss``: -> factor on the loss (a change that is not the same job); ``switches``: files a
+    patch may turn on beyond the declared patches (for proposers that write their own)."""
 
     name: str
     knobs: dict[str, tuple[list[str], str]]      # name -> (choices, baseline)
@@ -91,6 +97,8 @@ class Landscape:
     time: dict[str, float] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
     crash: list[str] = field(default_factory=list)
+    loss: dict[str, float] = field(default_factory=dict)
+    switches: list[str] = field(default_factory=list)
     noise: float = 0.02
     budget: int = 40
 
@@ -151,7 +159,8 @@ def make_workspace(folder: str | Path, land: Landscape, ab_pairs: int = 3, min_s
         knobs[name] = {"baseline": base, **({"flag": f"--{name}"} if i % 2 == 0 else {"env": f"LAND_{name.upper()}"})}
     (root / "data" / "landscape.json").write_text(json.dumps(
         {"knobs": knobs, "patches": land.patches, "base_ms": land.base_ms, "base_mb": land.base_mb,
-         "time": land.time, "memory": land.memory, "crash": land.crash, "noise": land.noise}, indent=1))
+         "time": land.time, "memory": land.memory, "crash": land.crash, "loss": land.loss,
+         "noise": land.noise}, indent=1))
     lines = [f'[task]\nname = "{land.name}"\ncommand = ["python", "train.py"]\ntimeout_s = 60\n',
              '[scope]\neditable = ["switches/*.py"]\nprotected = ["data/**", "train.py"]\n',
              "[timing]\nwarmup_steps = 1\nmeasure_steps = 4\n",
@@ -161,6 +170,8 @@ def make_workspace(folder: str | Path, land: Landscape, ab_pairs: int = 3, min_s
         choices = ", ".join(f'"{c}"' for c in land.knobs[name][0])
         how = f'flag = "{spec["flag"]}"' if "flag" in spec else f'env = "{spec["env"]}"'
         lines.append(f'[knobs.{name}]\n{how}\nchoices = [{choices}]\nbaseline = "{spec["baseline"]}"\n')
+    for switch in land.switches:
+        (root / "switches" / f"{switch}.py").write_text("ON = False\n")
     for patch in land.patches:
         (root / "switches" / f"{patch}.py").write_text("ON = False\n")
         (root / "patches" / f"{patch}.diff").write_text(textwrap.dedent(f"""\

@@ -19,10 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LaunchSpec", "LaunchResult", "launch", "tree_rss_bytes", "GUARD_INTERVAL_S"]
+__all__ = ["LaunchSpec", "LaunchResult", "launch", "tree_rss_bytes", "tree_memory", "GUARD_INTERVAL_S"]
 
 GUARD_INTERVAL_S = 0.010  # the issue asks for at least every 20 ms
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 _OOM_MARKERS = ("torch.OutOfMemoryError", "CUDA out of memory", "torch.cuda.OutOfMemoryError",
                 "DefaultCPUAllocator: can't allocate memory")
 _STDERR_TAIL = 8000
@@ -84,15 +83,28 @@ def _tree(pid: int) -> list[int]:
 
 def tree_rss_bytes(pid: int) -> tuple[int, list[int]]:
     """Resident bytes of ``pid`` and all its descendants, and their pids."""
+    rss, _, pids = tree_memory(pid)
+    return rss, pids
+
+
+def tree_memory(pid: int) -> tuple[int, int, list[int]]:
+    """(resident bytes now, sum of the high-water marks, pids) of ``pid`` and its descendants.
+
+    A process's ``VmHWM`` counts its own memory since exec, so a spike between two
+    samples still shows; the kernel's ``ru_maxrss`` at exit would also count the
+    driver's own size at fork (Linux keeps it across exec), so it is not used.
+    """
     pids = _tree(pid)
-    total = 0
+    total = high = 0
     for p in pids:
         try:
-            with open(f"/proc/{p}/statm") as handle:
-                total += int(handle.read().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
+            with open(f"/proc/{p}/status") as handle:
+                fields = dict(line.split(":", 1) for line in handle if line.startswith(("VmRSS", "VmHWM")))
+            total += int(fields["VmRSS"].split()[0]) * 1024
+            high += int(fields["VmHWM"].split()[0]) * 1024
+        except (OSError, IndexError, ValueError, KeyError):
             continue
-    return total, pids
+    return total, high, pids
 
 
 class _LineReader(threading.Thread):
@@ -200,9 +212,9 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             if pid:
                 wait_status, kernel_maxrss = wstatus, usage.ru_maxrss * 1024
                 break
-            rss, pids = tree_rss_bytes(proc.pid)
+            rss, high, pids = tree_memory(proc.pid)
             samples += 1
-            peak = max(peak, rss)
+            peak = max(peak, rss, high)
             if rss > spec.memory_limit_bytes:
                 status = "oom"
                 detail = (f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
@@ -246,7 +258,8 @@ def launch(spec: LaunchSpec) -> LaunchResult:
             status, detail = "crash", f"{how}: {_last_line(stderr_tail) or 'no stderr'}"
     return LaunchResult(status=status, detail=detail, exit_code=exit_code, started_ns=started,
                         ended_ns=ended,
-                        peak_rss_bytes=peak if status == "oom" else max(peak, kernel_maxrss),
+                        # The kernel's figure only when no sample was taken (it also counts our own size).
+                        peak_rss_bytes=peak if status == "oom" or samples else kernel_maxrss,
                         guard_samples=samples,
                         receipt_lines=readers["receipts"].lines if "receipts" in readers else [],
                         stdout_lines=readers["out"].lines, stderr_tail=stderr_tail)

@@ -221,8 +221,7 @@ class Probe(NullProbe):
     def _peak_mem(self, torch) -> int:
         if torch is not None and self._uses_cuda(torch):
             return int(torch.cuda.max_memory_allocated())
-        # ru_maxrss is KiB on Linux: the process's resident high-water mark.
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        return _resident_high_water()
 
     def _precision(self, torch) -> dict[str, Any]:
         if torch is None:
@@ -330,3 +329,21 @@ def from_env() -> NullProbe:
         quiet.total_steps = _steps_from_env()
         return quiet
     return Probe(path, total_steps=_steps_from_env())
+
+
+def _resident_high_water() -> int:
+    """This process's resident high-water mark, in bytes, since it exec'd.
+
+    ``VmHWM`` (Linux) belongs to the memory map exec created. ``ru_maxrss`` would also
+    count the parent's size at fork, which Linux carries across exec, so a job started
+    by a large driver would report the driver's memory as its own; it is the fallback
+    only where /proc is missing.
+    """
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -1,0 +1,127 @@
+"""The search's models on synthetic data: censored memory fit, speed model, learned failures."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infrarsi.search._models import Failures, MemoryModel, SpeedModel, expected_improvement
+from infrarsi.search._space import Space
+
+
+def _space() -> Space:
+    return Space({"a": (("0", "1"), "0"), "b": (("0", "1", "2"), "0"), "c": (("0", "1"), "0"),
+                  "d": (("0", "1"), "0")}, ["p", "q"])
+
+
+TRUE_LOG_MB = {"a=1": 0.45, "b=1": -0.10, "b=2": -0.25, "c=1": 0.05, "d=1": 0.0, "+p": 0.35, "+q": -0.05}
+BASE_MB = 400.0
+
+
+def _true_mb(space: Space, point) -> float:
+    return BASE_MB * math.exp(sum(TRUE_LOG_MB[a] for a in space.atoms_of(point)))
+
+
+def _observations(space: Space, limit: float, rng: random.Random, n: int = 40):
+    points = [space.random_point(rng) for _ in range(n)] + [space.baseline()]
+    peaks = [_true_mb(space, p) * math.exp(rng.gauss(0, 0.01)) for p in points]
+    return points, peaks, [v > limit for v in peaks]
+
+
+def test_censored_fit_recovers_memory_from_oom_evidence_better_than_dropping_ooms():
+    space, limit = _space(), 560.0
+    everything = space.pool(random.Random(0))
+    truth = np.log([_true_mb(space, p) for p in everything])
+    fits = np.array([_true_mb(space, p) < limit for p in everything])
+    errors, wrong = {"tobit": [], "dropped": []}, {"tobit": [], "dropped": []}
+    for seed in range(6):
+        points, peaks, oom = _observations(space, limit, random.Random(seed))
+        assert sum(oom) >= 10, "the landscape must put a good share of runs past the limit"
+        kept = [i for i, o in enumerate(oom) if not o]
+        models = {"tobit": MemoryModel(space, limit).fit(points, [None if o else v for v, o in zip(peaks, oom)], oom),
+                  "dropped": MemoryModel(space, limit).fit([points[i] for i in kept], [peaks[i] for i in kept],
+                                                           [False] * len(kept))}
+        for name, model in models.items():
+            errors[name].append(np.sqrt(np.mean((model.predict(everything)[0] - truth) ** 2)))
+            wrong[name].append(np.mean((model.p_fit(everything) > 0.5) != fits))
+    assert np.mean(errors["tobit"]) < 0.75 * np.mean(errors["dropped"]), errors
+    # The fit-or-not calls: censoring knows the memory-hungry combinations do not fit.
+    assert np.mean(wrong["tobit"]) < 0.7 * np.mean(wrong["dropped"]), wrong
+    assert max(wrong["tobit"]) < 0.1, wrong
+
+
+def test_an_atom_seen_only_in_ooms_is_learned_to_cost_memory():
+    """OOM-only evidence: `+p` never ran to completion, yet the fit says it needs memory."""
+    space, limit = _space(), 500.0
+    base = space.baseline()
+    points = [base, space.with_atoms(base, ["b=1"]), space.with_atoms(base, ["c=1"]),
+              space.with_atoms(base, ["+p"]), space.with_atoms(base, ["+p", "c=1"]), space.with_atoms(base, ["+p", "b=1"])]
+    peaks = [400.0, 362.0, 421.0, None, None, None]
+    oom = [False, False, False, True, True, True]
+    tobit = MemoryModel(space, limit).fit(points, peaks, oom)
+    assert tobit.predict_mb([space.with_atoms(base, ["+p"])])[0] > limit
+    assert tobit.p_fit([space.with_atoms(base, ["+p"])])[0] < 0.2
+    kept = [i for i, o in enumerate(oom) if not o]
+    dropped = MemoryModel(space, limit).fit([points[i] for i in kept], [peaks[i] for i in kept], [False] * 3)
+    assert dropped.p_fit([space.with_atoms(base, ["+p"])])[0] > 0.5  # dropping OOMs: "it fits"
+
+
+def test_speed_model_learns_an_interaction_and_is_unsure_where_it_has_no_data():
+    space = _space()
+    rng = random.Random(1)
+    base = space.baseline()
+
+    def true_time(point):
+        atoms = space.atoms_of(point)
+        t = 100.0 * (0.8 if "a=1" in atoms else 1.0) * (0.9 if "+p" in atoms else 1.0)
+        return t * (0.7 if {"a=1", "+p"} <= atoms else 1.0)
+
+    seen = [p for p in space.pool(rng) if "d=1" not in space.atoms_of(p)]
+    rng.shuffle(seen)
+    train = seen[:40]
+    model = SpeedModel(space).fit(train, [true_time(p) * math.exp(rng.gauss(0, 0.01)) for p in train])
+    both = space.with_atoms(base, ["a=1", "+p"])
+    mean, std = model.predict([both, space.with_atoms(base, ["a=1"]), space.with_atoms(base, ["d=1"])])
+    assert abs(math.exp(mean[0]) - true_time(both)) / true_time(both) < 0.05
+    assert std[2] > 2 * std[0]     # never saw d=1: more uncertain there
+
+
+def test_expected_improvement_prefers_lower_mean_and_more_uncertainty():
+    ei = expected_improvement(np.array([0.0, -0.1, 0.0]), np.array([0.05, 0.05, 0.2]), best=0.0)
+    assert ei[1] > ei[0] and ei[2] > ei[0]
+
+
+def test_failures_learn_a_crashing_pair_and_stop_trying_it():
+    f = Failures()
+    f.add_failure(frozenset({"compile=1", "kernel=triton", "+x"}), "crash: cannot be combined")
+    assert 0 < f.p_ok(frozenset({"kernel=triton"})) < 1          # suspect, not yet condemned
+    for ok in ({"compile=1", "+x"}, {"kernel=triton"}, {"kernel=triton", "+x"}):
+        f.add_success(frozenset(ok))
+    learned = f.incompatibilities()
+    assert learned == [{"atoms": ["compile=1", "kernel=triton"], "learned": True, "why": "crash: cannot be combined"}]
+    assert f.p_ok(frozenset({"compile=1", "kernel=triton", "threads=2"})) == 0.0
+    assert f.p_ok(frozenset({"kernel=triton", "threads=2"})) == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1), st.booleans()),
+                max_size=12))
+def test_failures_never_clear_a_set_that_failed(events):
+    f = Failures()
+    failed_sets = []
+    for atoms, ok in events:
+        atoms = frozenset(atoms)
+        if ok and not any(s <= atoms for s in failed_sets):
+            f.add_success(atoms)
+        elif not ok:
+            f.add_failure(atoms, "crash")
+            failed_sets.append(atoms)
+    for atoms in failed_sets:
+        assert f.p_ok(atoms) == 0.0
+        assert f.p_ok(atoms | {"z"}) == 0.0
+    for found in f.incompatibilities():
+        assert found["atoms"]
