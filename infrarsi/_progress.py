@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "SearchProgress"]
 
 
 class ProgressBar:
@@ -37,3 +37,20 @@ class ProgressBar:
         if self._task is None:
             self._task = self._progress.add_task(label, total=total, last="")
         self._progress.update(self._task, description=label, completed=done, total=total, last=last)
+
+
+class SearchProgress:
+    """One bar over a search's budget, with its phase (explore, promote) and the last result."""
+
+    def __init__(self) -> None:
+        self._bar = ProgressBar("search")
+
+    def __enter__(self) -> "SearchProgress":
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return self._bar.__exit__(*exc)
+
+    def update(self, phase: str, done: int, total: int, last: str = "") -> None:
+        self._bar.update_text(f"search: {phase}", done, total, last)

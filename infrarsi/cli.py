@@ -206,7 +206,9 @@ def _cmd_search(args) -> int:
 
     if args.budget is not None and args.budget < 1:
         raise _usage(f"--budget {args.budget}: expected a positive number of executions")
-    bar = None if args.json or not sys.stderr.isatty() else _SearchBar()
+    from infrarsi._progress import SearchProgress
+
+    bar = None if args.json or not sys.stderr.isatty() else SearchProgress()
     with bar or _Null():
         outcome = search(args.contract, budget=args.budget, resume=args.resume, pack=args.pack, seed=args.seed,
                          progress=bar.update if bar else None)
@@ -228,25 +230,6 @@ def _usage(message: str):
     from infrarsi._candidate import UsageError
 
     return UsageError(message)
-
-
-class _SearchBar:
-    """One rich bar over the search's budget, with the phase and the last result."""
-
-    def __init__(self) -> None:
-        from infrarsi._progress import ProgressBar
-
-        self._bar = ProgressBar("search")
-
-    def __enter__(self):
-        self._bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._bar.__exit__(*exc)
-
-    def update(self, phase: str, done: int, total: int, last: str) -> None:
-        self._bar.update_text(f"search: {phase}", done, total, last)
 
 
 def _cmd_receipt(args) -> int:

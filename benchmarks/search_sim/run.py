@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -44,20 +45,18 @@ LABELS = {"ours": "infrarsi search", "ours+pack": "infrarsi search + pack", "ran
           "greedy": "greedy one-at-a-time", "tpe-config": "TPE, knobs only", "tpe-joint": "TPE, knobs + patches"}
 PACK_SEED = 1000
 BASELINE_RUNS = 3
+# What a fresh search process has loaded: each unit of work runs in a fresh process forked
+# from a server holding just these. The runner reports a job's peak memory as at least the
+# driver's own RSS (the kernel's high-water mark of the forked child, see docs/benchmarks.md),
+# so a driver grown by a hundred earlier searches would skew every later one.
+PRELOAD = ["infrarsi.search", "infrarsi._workspace", "infrarsi._baseline", "infrarsi.examples.landscape"]
 
 
-def calibrate_overhead(root: Path) -> float:
-    """The job's memory beyond what it allocates (interpreter, probe), as the runner's guard sees it.
-
-    The landscape assumes ``OVERHEAD_MB``; if the real figure differs, a point the landscape
-    calls out of memory may run (or the reverse), and the truth would not be the truth.
-    """
-    land = landscape.dense()
-    folder = landscape.make_workspace(root / "calibrate", land)
-    init(folder / "infrarsi.toml")
-    summary = baseline(folder / "infrarsi.toml", runs=1)
-    shutil.rmtree(folder)
-    return round(summary.peak_mem_mb - land.base_mb, 1)
+def build(name: str, overhead_mb: float, other_hardware: bool = False) -> landscape.Landscape:
+    """A landscape, its memory limit placed for the job's measured overhead."""
+    landscape.OVERHEAD_MB = overhead_mb
+    land = getattr(landscape, name)()
+    return related(land) if other_hardware else land
 
 
 def related(land: landscape.Landscape) -> landscape.Landscape:
@@ -67,68 +66,89 @@ def related(land: landscape.Landscape) -> landscape.Landscape:
     return dataclasses.replace(land, time=jittered, base_ms=land.base_ms * 1.3)
 
 
-def template(land: landscape.Landscape, folder: Path) -> float:
-    """Write, initialise and baseline a workspace; returns the baseline's median step time."""
-    landscape.make_workspace(folder, land)
+def calibrate_overhead(root: str) -> float:
+    """The job's memory beyond what it allocates (interpreter, probe), as the runner's guard sees it.
+
+    The landscape assumes ``OVERHEAD_MB``; if the real figure differs, a point the landscape
+    calls out of memory may run (or the reverse), and the truth would not be the truth. The
+    job allocates 400 MB here, more than the driver holds, so its own RSS is what is read.
+    """
+    land = dataclasses.replace(landscape.dense(), base_mb=400.0, limit_mb=1000.0)
+    folder = landscape.make_workspace(Path(root) / "calibrate", land)
     init(folder / "infrarsi.toml")
-    return baseline(folder / "infrarsi.toml", runs=BASELINE_RUNS).step_time_s["median"]
+    summary = baseline(folder / "infrarsi.toml", runs=1)
+    shutil.rmtree(folder)
+    return round(summary.peak_mem_mb - land.base_mb, 1)
 
 
-def make_pack(land: landscape.Landscape, root: Path) -> tuple[Path, dict]:
+def template(name: str, overhead_mb: float, folder: str, other_hardware: bool = False) -> dict:
+    """Write, initialise and baseline a landscape's workspace."""
+    land = build(name, overhead_mb, other_hardware)
+    landscape.make_workspace(folder, land)
+    init(Path(folder) / "infrarsi.toml")
+    summary = baseline(Path(folder) / "infrarsi.toml", runs=BASELINE_RUNS)
+    return {"step_s": summary.step_time_s["median"], "recorded_peak_mb": summary.peak_mem_mb,
+            "true_peak_mb": land.base_mb + overhead_mb}
+
+
+def make_pack(name: str, overhead_mb: float, root: str) -> tuple[str, dict]:
     """One full search, promotion included, on the related landscape; its exported pack."""
-    other = related(land)
-    folder = root / f"{land.name}-related"
-    template(other, folder)
+    land, folder = build(name, overhead_mb), Path(root) / f"{name}-related"
+    template(name, overhead_mb, str(folder), other_hardware=True)
     outcome = search(folder / "infrarsi.toml", budget=40, seed=PACK_SEED, promote=True)
-    path, pack = export_pack(folder / "infrarsi.toml", root / f"{land.name}-pack.json")
+    path, pack = export_pack(folder / "infrarsi.toml", Path(root) / f"{name}-pack.json")
     best = outcome.best
-    return path, {"findings": len(pack["findings"]), "runs": len(pack["runs"]),
-                  "best": best and {"knobs": best["knobs"], "patches": best["patches"],
-                                    "speedup": best["speedup"]["median"]},
-                  "best_true_fraction_here": best and land.speedup(best["knobs"], best["patches"]) / land.optimum()}
+    return str(path), {"findings": len(pack["findings"]), "runs": len(pack["runs"]),
+                       "best": best and {"knobs": best["knobs"], "patches": best["patches"],
+                                         "speedup": best["speedup"]["median"]},
+                       "best_true_fraction_here": best and land.speedup(best["knobs"], best["patches"]) / land.optimum()}
 
 
-def run_method(method: str, arena: Arena, seed: int, pack: Path | None) -> tuple[list[dict], dict]:
+def run_method(name: str, overhead_mb: float, method: str, seed: int, base: dict, template_folder: str,
+               folder: str, budget: int, pack: str | None) -> dict:
+    """One (method, seed) run in a copy of the template workspace, scored."""
+    land = build(name, overhead_mb)
+    shutil.copytree(template_folder, folder)
+    arena = Arena(land, Path(folder) / "infrarsi.toml", base["step_s"], budget)
     extra: dict = {}
     if method == "ours":
         history = ours(arena, seed)
     elif method == "ours+pack":
-        history = ours(arena, seed, pack=pack)
+        history = ours(arena, seed, pack=Path(pack))
     elif method == "random":
         history = random_search(arena, seed)
     elif method == "greedy":
         history = greedy(arena, seed)
     else:
         history, extra["repeats_answered"] = tpe(arena, seed, joint=method == "tpe-joint")
-    return history, extra
+    shutil.rmtree(folder)
+    return {"seed": seed, **score_run(land, history, budget), **extra, "history": [
+        {"status": h["status"], "speedup": h["speedup"] and round(h["speedup"], 4), "knobs": h["knobs"],
+         "patches": h["patches"], **({"origin": h["origin"]} if "origin" in h else {})} for h in history]}
 
 
-def bench_landscape(land: landscape.Landscape, methods: list[str], seeds: int, budget: int, root: Path,
-                    started: float) -> dict:
-    base_folder = root / f"{land.name}-template"
-    base_step = template(land, base_folder)
-    pack, pack_info = (make_pack(land, root) if "ours+pack" in methods else (None, None))
+def bench_landscape(pool, name: str, overhead_mb: float, methods: list[str], seeds: int, budget: int,
+                    root: Path, started: float) -> dict:
+    land = build(name, overhead_mb)
+    base_folder = str(root / f"{name}-template")
+    base = pool.apply(template, (name, overhead_mb, base_folder))
+    pack, pack_info = (pool.apply(make_pack, (name, overhead_mb, str(root))) if "ours+pack" in methods
+                       else (None, None))
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     # Seeds outermost, so the shared machine's load falls on every method alike.
     for seed in range(seeds):
         for method in methods:
-            folder = root / f"{land.name}-{method}-{seed}"
-            shutil.copytree(base_folder, folder)
-            arena = Arena(land, folder / "infrarsi.toml", base_step, budget)
-            history, extra = run_method(method, arena, seed, pack)
-            shutil.rmtree(folder)
-            scored = {"seed": seed, **score_run(land, history, budget), **extra, "history": [
-                {"status": h["status"], "speedup": h["speedup"] and round(h["speedup"], 4),
-                 "knobs": h["knobs"], "patches": h["patches"], **({"origin": h["origin"]} if "origin" in h else {})}
-                for h in history]}
+            scored = pool.apply(run_method, (name, overhead_mb, method, seed, base, base_folder,
+                                             str(root / f"{name}-{method}-{seed}"), budget, pack))
             runs[method].append(scored)
-            print(f"[{time.time() - started:7.1f} s] {land.name} {method} seed {seed}: "
+            print(f"[{time.time() - started:7.1f} s] {name} {method} seed {seed}: "
                   f"final {scored['final']:.3f}, 95% at {scored['to95'] or '>' + str(budget)}, "
                   f"{scored['statuses']}", file=sys.stderr, flush=True)
     best = max(land.points(), key=lambda p: land.speedup(*p))
-    return {"optimum": land.optimum(), "optimum_point": {"knobs": best[0], "patches": best[1]},
+    return {"landscape": land.name, "optimum": land.optimum(),
+            "optimum_point": {"knobs": best[0], "patches": best[1]},
             "points": sum(1 for _ in land.points()), "feasible": sum(land.feasible(*p) for p in land.points()),
-            "limit_mb": land.limit_mb, "baseline_step_s": base_step, "pack": pack_info,
+            "limit_mb": land.limit_mb, "baseline": base, "pack": pack_info,
             "summary": {m: summarise(r, budget) for m, r in runs.items()}, "runs": runs}
 
 
@@ -183,21 +203,25 @@ def main(argv=None) -> int:
     started = time.time()
     root = args.work or Path(tempfile.mkdtemp(prefix="search-sim-"))
     root.mkdir(parents=True, exist_ok=True)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     try:
-        landscape.OVERHEAD_MB = calibrate_overhead(root)
-        print(f"memory overhead of the job, measured: {landscape.OVERHEAD_MB} MB", file=sys.stderr)
-        results = {}
-        for name in args.landscapes.split(","):
-            land, began = getattr(landscape, name)(), time.time()
-            results[land.name] = bench_landscape(land, methods, args.seeds, args.budget, root, started)
-            results[land.name]["wall_s"] = round(time.time() - began, 1)
+        with context.Pool(1, maxtasksperchild=1) as pool:
+            overhead = pool.apply(calibrate_overhead, (str(root),))
+            print(f"memory overhead of the job, measured: {overhead} MB", file=sys.stderr)
+            results = {}
+            for name in args.landscapes.split(","):
+                began = time.time()
+                result = bench_landscape(pool, name, overhead, methods, args.seeds, args.budget, root, started)
+                result["wall_s"] = round(time.time() - began, 1)
+                results[result["landscape"]] = result
     finally:
         if args.work is None:
             shutil.rmtree(root, ignore_errors=True)
     wall = time.time() - started
     command = "python benchmarks/search_sim/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"`{command.strip()}` on {os.cpu_count()} cores ({platform.python_version()}), "
-          f"memory overhead calibrated to {landscape.OVERHEAD_MB} MB\n")
+          f"memory overhead calibrated to {overhead} MB\n")
     for name, result in results.items():
         print(f"### {name}: optimum {result['optimum']:.3f}x, {result['feasible']}/{result['points']} points feasible, "
               f"{args.seeds} seeds, budget {args.budget}\n")
@@ -213,7 +237,7 @@ def main(argv=None) -> int:
     print(f"total wall time {wall:.0f} s ({wall / 60:.1f} min)")
     if args.out:
         args.out.write_text(json.dumps({"command": command.strip(), "cores": os.cpu_count(), "seeds": args.seeds,
-                                        "budget": args.budget, "overhead_mb": landscape.OVERHEAD_MB,
+                                        "budget": args.budget, "overhead_mb": overhead,
                                         "wall_s": round(wall, 1), "landscapes": results}, indent=1, default=str))
     return 0
 

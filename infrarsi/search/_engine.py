@@ -41,6 +41,8 @@ from infrarsi.verifiers import CheckResult, check_scope
 __all__ = ["search", "SearchOutcome", "Observation", "SearchState", "promotion_cost", "exploration_budget"]
 
 META_KEY = "search:current"
+RESCUE_MIN_FIT = 0.05        # a partner the memory model gives less chance of fitting than this is not tried
+RESCUE_DEPTH = 1             # a partner that ran out of memory too gets one more try, then the search moves on
 INTERRUPTED = "interrupted"   # detail prefix of an execution cut short by our own stop: no evidence
 
 
@@ -435,7 +437,11 @@ class _Search:
 
             for point in suggestions(self.pack, self.space)[:max(1, wanted // 2)]:
                 out.append((point, "pack"))
-        catalog = [n for n, o in self.origins.items() if o != "contract"]
+        catalog: list[str] = []
+        for name in (n for n, o in self.origins.items() if o == "catalog"):
+            # As many of the catalog's patches as apply together.
+            if self._applies(self.space.point({}, catalog + [name])):
+                catalog.append(name)
         if catalog:
             out.append((self.space.point({}, catalog), "catalog"))
         # Random starts change one or two things each: far apart from each other, but each
@@ -445,9 +451,13 @@ class _Search:
                        for k in (1, 2) for _ in range(128) if len(self.space.atoms) >= k})
         pool = [p for p in pool if self.state.p_ok([p])[0] > 0]
         chosen = [p for p, _ in out]
+        covered: set[str] = set()
         while len(out) < wanted and pool:
-            # Farthest from everything chosen so far (in atoms changed).
-            far = max(pool, key=lambda p: min(len(self.space.atoms_of(p) ^ self.space.atoms_of(c)) for c in chosen))
+            # Farthest from everything chosen so far (in atoms changed); among those, the one
+            # that tries the most changes no start has tried yet.
+            far = max(pool, key=lambda p: (min(len(self.space.atoms_of(p) ^ self.space.atoms_of(c)) for c in chosen),
+                                           len(self.space.atoms_of(p) - covered)))
+            covered |= self.space.atoms_of(far)
             pool.remove(far)
             out.append((far, "random"))
             chosen.append(far)
@@ -530,7 +540,7 @@ class _Search:
         return oom.patches <= point.patches and all(
             knobs[k] != base[k] for k, v in oom.knobs if v != base[k])
 
-    def _rescue(self, oom: Observation, exploration: int) -> None:
+    def _rescue(self, oom: Observation, exploration: int, depth: int = 0) -> None:
         """A promising candidate ran out of memory: try it with the changes the memory model says save memory."""
         speed, memory = self.state.speed_model(), self.state.memory_model()
         mean, std = speed.predict([oom.point])
@@ -539,11 +549,12 @@ class _Search:
         near = self.space.neighbours(oom.point)
         near += [q for p in near for q in self.space.neighbours(p)]
         partners = [p for p in self._fresh(near) if self._keeps(oom.point, p)]
-        base_mem = memory.predict([oom.point])[0][0]
         if not partners:
             return
-        saved = base_mem - memory.predict(partners)[0]
-        keep = [p for p, s in zip(partners, saved) if s > 0]
+        # Partners with a real chance to fit: ones the model knows cut memory, or has not seen
+        # yet (uncertain); ranked below by expected gain times the chance of fitting.
+        fits = memory.p_fit(partners)
+        keep = [p for p, f in zip(partners, fits) if f > RESCUE_MIN_FIT]
         if not keep or self.launched() >= exploration:
             return
         choice = self._pick(keep, speed, memory)
@@ -554,8 +565,8 @@ class _Search:
         if obs.status == "ok":
             self.state.rescued.append({"oom_execution": oom.execution, "rescued_by": added,
                                        "execution": obs.execution, **choice.describe()})
-        elif obs.status == "oom" and self.launched() < exploration:
-            self._rescue(obs, exploration)
+        elif obs.status == "oom" and depth < RESCUE_DEPTH and self.launched() < exploration:
+            self._rescue(obs, exploration, depth + 1)
 
     # -- promotion ------------------------------------------------------------------------------
 

@@ -14,9 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Point", "Space", "Atom"]
+__all__ = ["Point", "Space", "Atom", "atom_label"]
 
 Atom = str  # "knob=value" or "+patch"
+
+
+def atom_label(atom: Atom) -> str:
+    """How an atom reads to a person: ``knob=value``, or the patch's name."""
+    return atom[1:] if atom.startswith("+") else atom
 
 
 @dataclass(frozen=True, order=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from infrarsi.search._space import atom_label
+
 __all__ = ["search_summary"]
 
 
@@ -28,10 +30,10 @@ def search_summary(outcome) -> str:
         lines.append(f"  verify {_name(attempt)}: {verdict}" + (f", {sp['median']:.2f}x" if sp else ""))
     for found in outcome.incompatibilities:
         kind = "incompatible" if found["learned"] else "failed together"
-        lines.append(f"  {kind}: {' + '.join(found['atoms'])} ({found['why'][:90]})")
+        lines.append(f"  {kind}: {' + '.join(map(atom_label, found['atoms']))} ({found['why'][:90]})")
     for rescue in outcome.rescued:
-        lines.append(f"  rescued an out-of-memory candidate with {' + '.join(rescue['rescued_by'])} "
-                     f"(execution {rescue['execution']})")
+        partners = " + ".join(map(atom_label, rescue["rescued_by"]))
+        lines.append(f"  rescued an out-of-memory candidate with {partners} (execution {rescue['execution']})")
     cost = outcome.cost
     lines.append(f"  cost: {cost['device_s']:.1f} device-s, {cost['llm_tokens']} LLM tokens "
                  f"(${cost['llm_cost']:.4f}); by status {cost['by_status']}")

@@ -71,7 +71,8 @@ def rescue_landscape() -> Landscape:
 
 
 def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
-    root = _workspace(tmp_path, rescue_landscape(), ab_pairs=2)
+    # One start (the baseline): the search has to meet the cliff before it meets the answer.
+    root = _workspace(tmp_path, rescue_landscape(), ab_pairs=2, starts=1)
     done, out = _cli("search", "--budget", "18", "--json", cwd=root)
     assert done.returncode == 0, done.stderr
     statuses = {h["execution"]: (h["status"], h["knobs"]) for h in out["history"]}
@@ -214,6 +215,9 @@ def test_llm_proposer_end_to_end_against_a_loopback_endpoint(tmp_path):
     _assert_best_is_receipted(out, root)
     # The key reached the endpoint only: not the ledger, not the workload.
     assert b"sk-loopback" not in (root / ".infrarsi" / "ledger.db").read_bytes()
+    # The re-audit re-screens the proposals from the ledger alone and finds nothing to object to.
+    audit, report = _cli("audit", str(root / ".infrarsi" / "ledger.db"), "--json", cwd=root)
+    assert audit.returncode == 0 and report["findings"] == [], audit.stdout
 
 
 def test_without_a_key_the_llm_proposer_is_off_with_a_clear_message(tmp_path):
