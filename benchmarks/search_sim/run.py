@@ -60,10 +60,16 @@ def build(name: str, overhead_mb: float, other_hardware: bool = False) -> landsc
 
 
 def related(land: landscape.Landscape) -> landscape.Landscape:
-    """The same workload on other hardware: every time factor off by up to 5%, a 1.3x slower step."""
+    """The same workload on other hardware: every time factor off by up to 5%, a 1.3x slower step.
+
+    Memory, and so the limit, stay as they are (``replace`` would place the limit afresh
+    around the one already placed, possibly in another gap).
+    """
     rng = random.Random(f"{land.name}-related")
     jittered = {key: factor * rng.uniform(0.95, 1.05) for key, factor in sorted(land.time.items())}
-    return dataclasses.replace(land, time=jittered, base_ms=land.base_ms * 1.3)
+    other = dataclasses.replace(land, time=jittered, base_ms=land.base_ms * 1.3)
+    other.limit_mb = land.limit_mb
+    return other
 
 
 def calibrate_overhead(root: str) -> float:

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ import numpy as np
 
 from infrarsi._candidate import Candidate, PatchRef, UsageError
 from infrarsi._patch import PatchParseError
-from infrarsi._runner import ExecutionInterrupted, ExecutionResult
+from infrarsi._runner import ExecutionResult
 from infrarsi._sandbox import PatchRejected
 from infrarsi._sources import changed_sources, pre_images
 from infrarsi._workspace import Workspace, open_workspace
@@ -41,6 +42,8 @@ from infrarsi.verifiers import CheckResult, check_scope
 __all__ = ["search", "SearchOutcome", "Observation", "SearchState", "promotion_cost", "exploration_budget"]
 
 META_KEY = "search:current"
+# Checks whose failure says the workspace or the installed framework changed, not the candidate.
+NOT_THE_CANDIDATES = {"integrity.manifest", "integrity.framework"}
 RESCUE_MIN_FIT = 0.05        # a partner the memory model gives less chance of fitting than this is not tried
 RESCUE_DEPTH = 1             # a partner that ran out of memory too gets one more try, then the search moves on
 INTERRUPTED = "interrupted"   # detail prefix of an execution cut short by our own stop: no evidence
@@ -92,12 +95,15 @@ class SearchState:
     def tried(self) -> set[Point]:
         return {o.point for o in self.observations if o.status != INTERRUPTED} | {self.baseline.point}
 
-    def add(self, obs: Observation) -> None:
+    def add(self, obs: Observation, failed_checks: list[str] | None = None) -> None:
+        """Record a finished execution. A rejection counts against its changes only when a
+        failing check is about the candidate (not the workspace or the framework changing)."""
         self.observations.append(obs)
         atoms = self.space.atoms_of(obs.point)
+        not_its_fault = bool(failed_checks) and set(failed_checks) <= NOT_THE_CANDIDATES
         if obs.status == "ok":
             self.failures.add_success(atoms)
-        elif obs.status in ("crash", "rejected") and atoms:
+        elif obs.status in ("crash", "rejected") and atoms and not not_its_fault:
             self.failures.add_failure(atoms, f"{obs.status}: {obs.detail[:160]}")
 
     def ok(self) -> list[Observation]:
@@ -188,7 +194,14 @@ def _screen(ws: Workspace, patch: PatchRef) -> list[CheckResult]:
         sources = changed_sources(contract.workspace, (patch,))
     except (PatchRejected, PatchParseError) as exc:
         return checks + [CheckResult("scope.apply", "fail", f"does not apply: {exc}")]
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:  # a path too long, git timing out, ...
+        return checks + [CheckResult("scope.apply", "fail", f"cannot be applied here: {type(exc).__name__}: {exc}")]
     return checks + check_sources(sources, contract.numerics.precision, contract.protected_globs)
+
+
+def _failing(row: dict) -> list[str]:
+    return [v.get("id") for v in row.get("verdicts") or [] if isinstance(v, dict)
+            and v.get("status") in ("fail", "unchecked")]
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -220,10 +233,15 @@ class _Journal:
         tmp.write_text(json.dumps(entry))
         os.replace(tmp, self.path)
 
-    def end(self) -> None:
+    def stop(self) -> None:
+        """The execution returned: stop the heartbeat (the file stays until its row is recorded)."""
         self._stop.set()
         if self._thread:
             self._thread.join()
+
+    def clear(self) -> None:
+        """Its row is in the ledger: nothing is in flight."""
+        self.stop()
         self.path.unlink(missing_ok=True)
 
     def read(self) -> dict | None:
@@ -244,7 +262,7 @@ class _JournalledExecutor:
         try:
             return self.inner.run(contract, pinned, candidate)
         finally:
-            self.journal.end()
+            self.journal.stop()
 
 
 class _Search:
@@ -299,47 +317,33 @@ class _Search:
     # -- proposals ----------------------------------------------------------------------------
 
     def gather(self) -> None:
-        """Ask the proposers once per search (kept in the meta, so a resume asks no LLM again)."""
-        if "proposals" not in self.meta:
-            context = ProposalContext(self.ws.contract.workspace, self.ws.contract,
-                                      editable_sources(self.ws.contract), dict(self.summary))
-            found: list[Proposal] = []
-            proposers = self._proposers if self._proposers is not None else default_proposers(self.ws, self.messages)
-            for proposer in proposers:
-                try:
-                    found += proposer.propose(context)
-                except Exception as exc:  # a proposer is outside code: its failure is a message, not a crash
-                    self.messages.append(f"proposer {proposer.name} failed: {type(exc).__name__}: {exc}")
-            if self.pack:
-                from infrarsi.search._pack import pack_patches
+        """Ask the proposers once per search, then screen what they proposed.
 
-                known = {p.patch.name for p in found}
-                found += [Proposal(PatchRef(name, text), "pack", "used by a verified finding of the pack")
-                          for name, text in pack_patches(self.pack).items() if name not in known]
-            accepted, seen_text = {}, set()
-            for proposal in found:
-                if proposal.patch.text in seen_text:
+        The raw proposals are saved before screening and the screened ones after, both in
+        the order they came (so a resume, which asks no LLM again, sees the same space).
+        """
+        if "raw_proposals" not in self.meta:
+            self.meta["raw_proposals"] = [[p.patch.name, p.patch.text, p.origin, p.llm_tokens, p.llm_cost]
+                                          for p in self._ask()]
+            self._save()
+        if "proposals" not in self.meta:
+            accepted: list[list[str]] = []
+            names, texts = set(), set()
+            for name, text, origin, tokens, cost in self.meta["raw_proposals"]:
+                if text in texts:
                     continue
-                seen_text.add(proposal.patch.text)
-                if proposal.origin == "contract":
-                    accepted[proposal.patch.name] = [proposal.patch.text, proposal.origin]
+                texts.add(text)
+                if name in names:
+                    self.messages.append(f"proposal {name} ({origin}): a patch of that name is already in; skipped")
                     continue
-                checks = _screen(self.ws, proposal.patch)
-                failed = [c for c in checks if not c.passed]
-                status = "rejected" if failed else "ok"
-                detail = ("proposal rejected: " + "; ".join(f"{c.id}: {c.detail}" for c in failed) if failed
-                          else "proposal screened in (scope and audit pass); its runs are separate executions")
-                result = ExecutionResult(Candidate(knobs=self.ws.contract.baseline_knobs(), patches=(proposal.patch,)),
-                                         status, detail=detail,
-                                         sources=pre_images(self.ws.contract.workspace, (proposal.patch,)))
-                self.ws.record(result, kind="proposal", batch=self.batch + "-proposals",
-                               verdicts=[c.to_json() for c in checks], llm_tokens=proposal.llm_tokens,
-                               llm_cost=proposal.llm_cost)
-                if not failed:
-                    accepted[proposal.patch.name] = [proposal.patch.text, proposal.origin]
+                patch = PatchRef(name, text)
+                if origin != "contract" and not self._screened_in(patch, tokens, cost):
+                    continue
+                names.add(name)
+                accepted.append([name, text, origin])
             self.meta["proposals"] = accepted
             self._save()
-        for name, (text, origin) in self.meta["proposals"].items():
+        for name, text, origin in self.meta["proposals"]:
             self.patches[name] = PatchRef(name, text)
             self.origins[name] = origin
             self.space.add_patch(name)
@@ -348,6 +352,51 @@ class _Search:
             from infrarsi.search._pack import prior_runs
 
             self.state.priors = prior_runs(self.pack, self.space, self.state.baseline.step_time_s)
+
+    def _ask(self) -> list[Proposal]:
+        context = ProposalContext(self.ws.contract.workspace, self.ws.contract,
+                                  editable_sources(self.ws.contract), dict(self.summary))
+        found: list[Proposal] = []
+        proposers = self._proposers if self._proposers is not None else default_proposers(self.ws, self.messages)
+        for proposer in proposers:
+            name = getattr(proposer, "name", type(proposer).__name__)
+            try:
+                proposed = list(proposer.propose(context))
+            except Exception as exc:  # a proposer is outside code: its failure is a message, not a crash
+                self.messages.append(f"proposer {name} failed: {type(exc).__name__}: {exc}")
+                continue
+            trusted = isinstance(proposer, ContractProposer)  # only the contract's own patches skip screening
+            for proposal in proposed:
+                # Text from outside (an LLM, a pack) may hold what UTF-8 cannot: replaced, not fatal.
+                text = str(proposal.patch.text).encode("utf-8", "replace").decode("utf-8")
+                found.append(Proposal(PatchRef(str(proposal.patch.name), text), "contract" if trusted
+                                      else (proposal.origin if proposal.origin != "contract" else name),
+                                      proposal.rationale, int(proposal.llm_tokens), float(proposal.llm_cost)))
+        if self.pack:
+            from infrarsi.search._pack import pack_patches
+
+            known = {p.patch.name for p in found}
+            for name, text in pack_patches(self.pack).items():
+                if name not in known:
+                    text = text.encode("utf-8", "replace").decode("utf-8")
+                    found.append(Proposal(PatchRef(name, text), "pack", "used by a verified finding of the pack"))
+        return found
+
+    def _screened_in(self, patch: PatchRef, tokens: int, cost: float) -> bool:
+        """Screen one proposal and record the screening (with the LLM tokens it took) as a row."""
+        checks = _screen(self.ws, patch)
+        failed = [c for c in checks if not c.passed]
+        detail = ("proposal rejected: " + "; ".join(f"{c.id}: {c.detail}" for c in failed) if failed
+                  else "proposal screened in (scope and audit pass); its runs are separate executions")
+        try:
+            sources = pre_images(self.ws.contract.workspace, (patch,))
+        except (OSError, ValueError):
+            sources = {}
+        result = ExecutionResult(Candidate(knobs=self.ws.contract.baseline_knobs(), patches=(patch,)),
+                                 "rejected" if failed else "ok", detail=detail, sources=sources)
+        self.ws.record(result, kind="proposal", batch=self.batch + "-proposals",
+                       verdicts=[c.to_json() for c in checks], llm_tokens=tokens, llm_cost=cost)
+        return not failed
 
     # -- replay (resume) ----------------------------------------------------------------------
 
@@ -364,8 +413,8 @@ class _Search:
                                              f"(at least {device_s:.1f} s); recorded on resume",
                                       device_s=device_s, wall_s=device_s,
                                       sources=pre_images(self.ws.contract.workspace, patches))
-                kind = "search" if entry["batch"] == self.batch else "verify"
-                self.ws.record(cut, kind=kind, batch=entry["batch"], seq=0, baseline_id=self.baseline_id)
+                self.ws.record(cut, kind=self._cut_kind(entry), batch=entry["batch"], seq=0,
+                               baseline_id=self.baseline_id)
                 self.messages.append(f"recorded the execution the kill cut off ({device_s:.1f} s) as crash")
             self.journal.path.unlink(missing_ok=True)
         for row in self._rows():
@@ -375,8 +424,22 @@ class _Search:
             status = row["status"]
             if status == "crash" and str(row.get("detail", "")).startswith(INTERRUPTED):
                 status = INTERRUPTED
-            self.state.add(Observation(point, status, row.get("step_time_s"), row.get("peak_mem_mb"), row["id"],
-                                       "resumed", row.get("detail") or "", row.get("device_s") or 0.0))
+            obs = Observation(point, status, row.get("step_time_s"), row.get("peak_mem_mb"), row["id"],
+                              "resumed", row.get("detail") or "", row.get("device_s") or 0.0)
+            self.state.add(obs, _failing(row))
+            if status != INTERRUPTED:
+                self._remember(obs, self.meta.get("origins", {}).get(str(row["id"]), "resumed"))
+        self.state.rescued = list(self.meta.get("rescued", []))
+
+    def _cut_kind(self, entry: dict) -> str:
+        """What the cut execution was: an exploration run, or which run of a promotion."""
+        if entry["batch"] == self.batch:
+            return "search"
+        earlier = sum(1 for r in self._rows() if r.get("batch") == entry["batch"] and r["id"] <= entry["rows_before"])
+        if earlier == 0:
+            return "verify"
+        baseline = entry["knobs"] == self.ws.contract.baseline_knobs() and not entry["patches"]
+        return "ab-baseline" if baseline else "ab-candidate"
 
     # -- choosing -------------------------------------------------------------------------------
 
@@ -421,7 +484,7 @@ class _Search:
         if not fresh:
             return None
         scores = self._score(fresh, speed, memory)
-        for index in np.argsort(-scores):
+        for index in np.argsort(-scores, kind="stable"):
             if scores[index] <= 0:
                 return None
             if self._applies(fresh[index]):
@@ -447,8 +510,8 @@ class _Search:
         # Random starts change one or two things each: far apart from each other, but each
         # near enough to the original that it is likely to run (a start that fails teaches little).
         base = self.state.baseline.point
-        pool = sorted({self.space.with_atoms(base, self.rng.sample(self.space.atoms, k))
-                       for k in (1, 2) for _ in range(128) if len(self.space.atoms) >= k})
+        pool = list(dict.fromkeys(self.space.with_atoms(base, self.rng.sample(self.space.atoms, k))
+                                  for k in (1, 2) for _ in range(128) if len(self.space.atoms) >= k))
         pool = [p for p in pool if self.state.p_ok([p])[0] > 0]
         chosen = [p for p, _ in out]
         covered: set[str] = set()
@@ -479,21 +542,25 @@ class _Search:
             stored = {"summary": self.summary, "id": self.baseline_id}
             check = _Verification(self.ws, self._candidate(point), stored, 0, None, batch=self.batch, kind="search")
             check.seq = len(self._rows())
-            try:
-                check.run()
-            except ExecutionInterrupted:
-                raise
-        finally:
+            check.run()
+        finally:  # recorded (or interrupted, and recorded as such): nothing is in flight
+            self.journal.clear()
             self.ws.executor = inner
         row = self.ws.ledger.get_execution(check.executions[-1])
         obs = Observation(point, row["status"], row.get("step_time_s"), row.get("peak_mem_mb"), row["id"], origin,
                           row.get("detail") or "", row.get("device_s") or 0.0)
-        self.state.add(obs)
-        speedup = (self.state.baseline.step_time_s / obs.step_time_s) if obs.status == "ok" and obs.step_time_s else None
-        self.history.append({"execution": row["id"], "origin": origin, "status": obs.status, "speedup": speedup,
-                             **point.describe()})
+        self.state.add(obs, _failing(row))
+        speedup = self._remember(obs, origin)
+        self.meta.setdefault("origins", {})[str(row["id"])] = origin
+        self._save()
         self._tick("explore", f"{origin}: {obs.status}" + (f" {speedup:.2f}x" if speedup else ""))
         return obs
+
+    def _remember(self, obs: Observation, origin: str) -> float | None:
+        speedup = (self.state.baseline.step_time_s / obs.step_time_s) if obs.status == "ok" and obs.step_time_s else None
+        self.history.append({"execution": obs.execution, "origin": origin, "status": obs.status, "speedup": speedup,
+                             **obs.point.describe()})
+        return speedup
 
     def explore(self, exploration: int) -> None:
         starts = self.starts()
@@ -565,6 +632,8 @@ class _Search:
         if obs.status == "ok":
             self.state.rescued.append({"oom_execution": oom.execution, "rescued_by": added,
                                        "execution": obs.execution, **choice.describe()})
+            self.meta["rescued"] = self.state.rescued
+            self._save()
         elif obs.status == "oom" and depth < RESCUE_DEPTH and self.launched() < exploration:
             self._rescue(obs, exploration, depth + 1)
 
@@ -581,7 +650,7 @@ class _Search:
         measured = {o.point: o.step_time_s for o in ok}
         base = self.state.baseline.step_time_s
         min_speedup = float(self.ws.contract.search.min_speedup)
-        order = np.argsort(mean)
+        order = np.argsort(mean, kind="stable")
         return [points[i] for i in order if base / measured[points[i]] >= min_speedup and mean[i] < math.log(base)]
 
     def promote(self, budget: int) -> None:
@@ -589,13 +658,12 @@ class _Search:
 
         contract = self.ws.contract
         cost = promotion_cost(contract.search.ab_pairs)
-        done = {a["key"]: a for a in self.meta.get("promotions", [])}
+        done = self._settle_promotions()
         for point in self.ranked():
             if len([a for a in self.attempts if a["accepted"]]) >= contract.search.promote_top:
                 break
             key = point.key()
-            if key in done and done[key].get("finished"):
-                self.attempts.append(done[key])
+            if key in done:
                 continue
             if budget - self.launched() < cost:
                 self.messages.append(f"budget left ({budget - self.launched()}) is less than one promotion ({cost})")
@@ -616,12 +684,43 @@ class _Search:
                 outcome = _Verification(self.ws, self._candidate(point), {"summary": self.summary,
                                         "id": self.baseline_id}, contract.search.ab_pairs, tick, batch=batch).run()
             finally:
+                self.journal.clear()
                 self.ws.executor = inner
             entry.update(finished=True, accepted=outcome.accepted, speedup=outcome.speedup,
                          receipt=str(outcome.receipt) if outcome.receipt else None,
                          failed=[c.id for c in outcome.checks if c.status in ("fail", "unchecked")])
             self._save()
             self.attempts.append(entry)
+            done.add(key)
+
+    def _settle_promotions(self) -> set[str]:
+        """Promotions begun before a resume: finished ones count again (accepted only if their
+        receipt still verifies); one a kill cut after its receipt was written is finished from it."""
+        from infrarsi._receipt import verify_receipt
+
+        done: set[str] = set()
+        receipts = sorted((self.ws.contract.state_dir / "receipts").glob("*.json"))
+        for entry in self.meta.get("promotions", []):
+            if not entry.get("finished"):
+                ids = {r["id"] for r in self._rows() if r.get("batch") == entry["batch"]}
+                for path in receipts:
+                    try:
+                        body = json.loads(path.read_text())["receipt"]
+                    except (OSError, ValueError, KeyError, TypeError):
+                        continue
+                    if ids and set(body.get("executions", [])) <= ids:
+                        entry.update(finished=True, accepted=True, speedup=body.get("speedup"), receipt=str(path),
+                                     failed=[])
+                        break
+                else:
+                    entry["abandoned"] = True   # cut by a kill: re-run whole, in a new batch, if still ranked
+                    continue
+            if entry.get("accepted") and not (entry.get("receipt") and verify_receipt(entry["receipt"], self.ws.key.public_hex).ok):
+                entry.update(accepted=False, failed=["receipt: missing or does not verify"])
+            self.attempts.append(entry)
+            done.add(entry["key"])
+        self._save()
+        return done
 
     # -- the whole search -------------------------------------------------------------------------
 
@@ -634,8 +733,11 @@ class _Search:
         self.gather()
         self.replay()
         self._tick("explore")
-        self.explore(exploration)
+        if self.meta.get("phase") != "promote":   # a resume after promotion began does not explore again
+            self.explore(exploration)
         if promote:
+            self.meta["phase"] = "promote"
+            self._save()
             self.promote(budget)
         self.meta["finished"] = True
         self._save()
@@ -663,6 +765,19 @@ class _Search:
                              self.state.rescued, proposals, self.resumed, self.messages, self.history)
 
 
+def _check_workspace(ws: Workspace) -> None:
+    """The workspace must be the one `init` pinned: otherwise every candidate would fail the same way."""
+    from infrarsi._hashing import hash_protected
+    from infrarsi.verifiers import check_manifest
+
+    contract = ws.contract
+    check = check_manifest(ws.manifest.body, ws.manifest.signature, contract.sha256, ws.ledger.public_key,
+                           hash_protected(contract.workspace, contract.protected_globs))
+    if not check.passed:
+        raise UsageError(f"{contract.workspace}: {check.detail}; restore the protected files, or "
+                         f"`infrarsi init --force` for a new ledger")
+
+
 def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = None, resume: bool = False,
            pack: str | Path | None = None, seed: int | None = None, proposers: list[Proposer] | None = None,
            progress: Callable[[str, int, int, str], None] | None = None, promote: bool = True) -> SearchOutcome:
@@ -680,6 +795,7 @@ def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = Non
             from infrarsi.search._pack import load_pack
 
             pack_data = load_pack(pack)
+        _check_workspace(ws)
         previous = ws.ledger.get_meta(META_KEY)
         if resume:
             if previous is None:
@@ -690,6 +806,9 @@ def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = Non
                                  f"(run `infrarsi search` for a new one)")
             if budget is not None:
                 meta["budget"] = budget
+            stored = ws.ledger.baseline(meta["baseline_id"]) if "baseline_id" in meta else stored
+            if stored is None:
+                raise UsageError(f"--resume: the baseline the search started with ({meta['baseline_id']}) is missing")
             if pack_data is None and meta.get("pack"):
                 from infrarsi.search._pack import load_pack
 
@@ -697,7 +816,8 @@ def search(contract_path: str | Path = "infrarsi.toml", budget: int | None = Non
         else:
             meta = {"id": uuid.uuid4().hex[:12], "seed": ws.contract.search.seed if seed is None else seed,
                     "budget": ws.contract.search.budget_executions if budget is None else budget,
-                    "pack": str(Path(pack).resolve()) if pack else None, "finished": False}
+                    "pack": str(Path(pack).resolve()) if pack else None, "finished": False,
+                    "baseline_id": stored["id"]}
         if promote:
             exploration_budget(meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs)
         ws.ledger.set_meta(META_KEY, json.dumps(meta, sort_keys=True))

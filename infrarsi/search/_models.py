@@ -21,6 +21,7 @@ __all__ = ["SpeedModel", "MemoryModel", "Failures", "expected_improvement"]
 
 INTERACTION_SCALE = 0.5   # prior std of an interaction, relative to a main effect
 PRIOR_LOG_STD = 0.3       # before any data: a change may move the step time by ~30%
+SIGMA_FLOOR = 0.02        # peak memory's run-to-run noise is never taken as under 2%, however well a fit goes
 
 
 def _features(space: Space, points: list[Point]) -> np.ndarray:
@@ -129,10 +130,18 @@ class MemoryModel:
             return nll, grad
 
         result = optimize.minimize(loss, theta0, jac=True, method="L-BFGS-B",
-                                   bounds=[(None, None), (math.log(0.01), math.log(2.0))] + [(None, None)] * d)
+                                   bounds=[(None, None), (math.log(SIGMA_FLOOR), math.log(2.0))] + [(None, None)] * d)
         theta = result.x
         self.intercept_, self.sigma_, self.coef_ = float(theta[0]), math.exp(theta[1]), theta[2:]
-        self._precision = x.T @ x / self.sigma_ ** 2 + self.ridge * np.eye(d)
+        # Gaussian approximation of the posterior over (intercept, effects). An OOM counts with
+        # a measurement's weight: its true posterior is one-sided (above the limit), which the
+        # Tobit curvature would turn into a wide two-sided spread, wrongly putting half of it
+        # under the limit; weight 1 keeps the spread narrow on the side the evidence is on.
+        weights = np.ones(n)
+        xa = np.hstack([np.ones((n, 1)), x])
+        prior = np.full(d + 1, self.ridge)
+        prior[0] = 1e-4
+        self._precision = (xa.T * weights) @ xa / self.sigma_ ** 2 + np.diag(prior)
         return self
 
     def predict(self, points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +150,9 @@ class MemoryModel:
         if self.coef_ is None:
             return np.full(len(points), math.log(self.limit_mb) - 0.3), np.full(len(points), 0.3)
         mean = self.intercept_ + x @ self.coef_
+        xa = np.hstack([np.ones((len(points), 1)), x])
         cov = np.linalg.inv(self._precision)
-        param_var = np.einsum("ij,jk,ik->i", x, cov, x)
+        param_var = ((xa @ cov) * xa).sum(axis=1)
         return mean, np.sqrt(self.sigma_ ** 2 + param_var)
 
     def predict_mb(self, points: list[Point]) -> np.ndarray:
@@ -188,6 +198,8 @@ class Failures:
         """The learned culprits: sets every run containing them failed, with the reason seen."""
         out, seen = [], set()
         for atoms, why in self.failed:
+            if self._cleared(atoms):  # the same changes also ran fine: a flake, not an incompatibility
+                continue
             suspects = self.suspects(atoms)
             culprit = suspects[0] if len(suspects) == 1 else atoms
             if culprit not in seen:
@@ -201,7 +213,7 @@ class Failures:
 
     def judge(self) -> Callable[[frozenset[Atom]], float]:
         """:meth:`p_ok` with the suspects worked out once, for scoring many points."""
-        known = [(failed, self.suspects(failed)) for failed, _ in self.failed]
+        known = [(failed, self.suspects(failed)) for failed, _ in self.failed if not self._cleared(failed)]
 
         def p_ok(atoms: frozenset[Atom]) -> float:
             p = 1.0

@@ -133,4 +133,4 @@ class Space:
                     for subset in itertools.combinations(self.patches, r):
                         out.append(self.point(knobs, subset))
             return out
-        return list({self.random_point(rng) for _ in range(limit)})
+        return list(dict.fromkeys(self.random_point(rng) for _ in range(limit)))

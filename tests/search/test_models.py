@@ -95,6 +95,13 @@ def test_expected_improvement_prefers_lower_mean_and_more_uncertainty():
     assert ei[1] > ei[0] and ei[2] > ei[0]
 
 
+def test_a_failure_that_a_passing_run_contains_is_a_flake():
+    f = Failures()
+    f.add_failure(frozenset({"a"}), "crash: flaky")
+    f.add_success(frozenset({"a", "b"}))
+    assert f.p_ok(frozenset({"a", "c"})) == 1.0 and f.incompatibilities() == []
+
+
 def test_failures_learn_a_crashing_pair_and_stop_trying_it():
     f = Failures()
     f.add_failure(frozenset({"compile=1", "kernel=triton", "+x"}), "crash: cannot be combined")
@@ -111,16 +118,21 @@ def test_failures_learn_a_crashing_pair_and_stop_trying_it():
 @given(st.lists(st.tuples(st.sets(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1), st.booleans()),
                 max_size=12))
 def test_failures_never_clear_a_set_that_failed(events):
+    """A failed set is never tried again, unless a passing run contains it (then it was a flake)."""
     f = Failures()
-    failed_sets = []
+    failed_sets, passed = [], []
     for atoms, ok in events:
         atoms = frozenset(atoms)
-        if ok and not any(s <= atoms for s in failed_sets):
+        if ok:
             f.add_success(atoms)
-        elif not ok:
+            passed.append(atoms)
+        else:
             f.add_failure(atoms, "crash")
             failed_sets.append(atoms)
     for atoms in failed_sets:
+        if any(atoms <= ok for ok in passed):
+            assert atoms not in [frozenset(i["atoms"]) for i in f.incompatibilities()]
+            continue
         assert f.p_ok(atoms) == 0.0
         assert f.p_ok(atoms | {"z"}) == 0.0
     for found in f.incompatibilities():
