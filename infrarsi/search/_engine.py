@@ -351,7 +351,8 @@ class _Search:
         if self.pack:
             from infrarsi.search._pack import prior_runs
 
-            self.state.priors = prior_runs(self.pack, self.space, self.state.baseline.step_time_s)
+            self.state.priors = prior_runs(self.pack, self.space, self.state.baseline.step_time_s,
+                                           self.meta.get("pack_aliases"))
 
     def _ask(self) -> list[Proposal]:
         context = ProposalContext(self.ws.contract.workspace, self.ws.contract,
@@ -375,11 +376,15 @@ class _Search:
         if self.pack:
             from infrarsi.search._pack import pack_patches
 
-            known = {p.patch.name for p in found}
+            by_text = {p.patch.text: p.patch.name for p in found}
+            aliases = {}
             for name, text in pack_patches(self.pack).items():
-                if name not in known:
-                    text = text.encode("utf-8", "replace").decode("utf-8")
+                text = text.encode("utf-8", "replace").decode("utf-8")
+                if text in by_text:   # the same patch under this search's own name
+                    aliases[name] = by_text[text]
+                else:
                     found.append(Proposal(PatchRef(name, text), "pack", "used by a verified finding of the pack"))
+            self.meta["pack_aliases"] = aliases
         return found
 
     def _screened_in(self, patch: PatchRef, tokens: int, cost: float) -> bool:
@@ -498,7 +503,7 @@ class _Search:
         if self.pack:
             from infrarsi.search._pack import suggestions
 
-            for point in suggestions(self.pack, self.space)[:max(1, wanted // 2)]:
+            for point in suggestions(self.pack, self.space, self.meta.get("pack_aliases"))[:max(1, wanted // 2)]:
                 out.append((point, "pack"))
         catalog: list[str] = []
         for name in (n for n, o in self.origins.items() if o == "catalog"):

@@ -38,21 +38,22 @@ def export_pack(contract_path: str | Path = "infrarsi.toml", out: str | Path | N
                 continue
             body = json.loads(path.read_text())["receipt"]
             hardware = hardware or body.get("environment", {})
-            texts = {}
-            for row_id in body.get("executions", [])[:1]:
-                row = ws.ledger.get_execution(row_id)
-                for patch in (row or {}).get("patches") or []:
-                    data = ws.ledger.get_blob(patch["sha256"])
-                    if data is not None:
-                        texts[patch["name"]] = data.decode("utf-8", "replace")
-            findings.append({"knobs": body["knobs"], "patches": body["candidate"]["patches"],
+            texts, names = {}, []
+            for patch in body.get("patches", []):
+                name = _pack_name(contract, patch)
+                names.append(name)
+                data = ws.ledger.get_blob(patch["sha256"])
+                if data is not None:
+                    texts[name] = data.decode("utf-8", "replace")
+            findings.append({"knobs": body["knobs"], "patches": names,
                              "speedup": body["speedup"], "receipt": json.loads(path.read_text())["id"],
                              "patch_texts": texts})
         findings.sort(key=lambda f: -f["speedup"]["median"])
         runs = []
         baselines: dict[int, dict] = {}
         for row in ws.ledger.executions():
-            if row.get("kind") not in ("search", "run", "verify") or row["status"] not in ("ok", "oom", "crash"):
+            # Judged runs only (a search's exploration, a verify's candidate run): `run` rows are unchecked.
+            if row.get("kind") not in ("search", "verify") or row["status"] not in ("ok", "oom", "crash"):
                 continue
             if str(row.get("detail", "")).startswith("interrupted"):
                 continue
@@ -66,7 +67,8 @@ def export_pack(contract_path: str | Path = "infrarsi.toml", out: str | Path | N
                 summary = stored["summary"] if stored else {}
             base_t = (summary.get("step_time_s") or {}).get("median")
             base_m = summary.get("peak_mem_mb")
-            runs.append({"knobs": row.get("knobs") or {}, "patches": [p["name"] for p in row.get("patches") or []],
+            runs.append({"knobs": row.get("knobs") or {},
+                         "patches": [_pack_name(contract, p) for p in row.get("patches") or []],
                          "status": row["status"],
                          "time_ratio": (row["step_time_s"] / base_t) if row.get("step_time_s") and base_t else None,
                          "mem_ratio": (row["peak_mem_mb"] / base_m) if row.get("peak_mem_mb") and base_m else None})
@@ -83,6 +85,18 @@ def export_pack(contract_path: str | Path = "infrarsi.toml", out: str | Path | N
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(pack, indent=2, sort_keys=True) + "\n")
         return target, pack
+
+
+def _pack_name(contract, patch: dict) -> str:
+    """A contract patch keeps its name (when its text is the contract's); any other is named by its
+    text's hash, since names like ``llm:1`` mean nothing outside the search that made them."""
+    spec = contract.patch(patch["name"])
+    if spec is not None:
+        import hashlib
+
+        if hashlib.sha256(spec.path.read_bytes()).hexdigest() == patch["sha256"]:
+            return patch["name"]
+    return f"pack:{patch['sha256'][:12]}"
 
 
 def _fail(path, where: str, expected: str) -> None:
@@ -139,8 +153,10 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _map(space: Space, knobs: dict, patches: list) -> Point | None:
-    """The pack's candidate in this space; None if it needs a knob value or patch this space lacks."""
+def _map(space: Space, knobs: dict, patches: list, aliases: dict | None = None) -> Point | None:
+    """The pack's candidate in this space; None if it needs a knob value or patch this space lacks.
+    ``aliases`` maps a pack patch to the name its identical text has here."""
+    patches = [(aliases or {}).get(p, p) for p in patches]
     for name, value in knobs.items():
         if name not in space.knobs or value not in space.knobs[name][0]:
             return None
@@ -149,11 +165,11 @@ def _map(space: Space, knobs: dict, patches: list) -> Point | None:
     return space.point(knobs, patches)
 
 
-def suggestions(pack: dict, space: Space) -> list[Point]:
+def suggestions(pack: dict, space: Space, aliases: dict | None = None) -> list[Point]:
     """The pack's verified findings that exist in this space, fastest first."""
     out = []
     for finding in pack.get("findings", []):
-        point = _map(space, finding["knobs"], finding["patches"])
+        point = _map(space, finding["knobs"], finding["patches"], aliases)
         if point is not None and point not in out:
             out.append(point)
     return out
@@ -167,13 +183,14 @@ def pack_patches(pack: dict) -> dict[str, str]:
     return out
 
 
-def prior_runs(pack: dict, space: Space, baseline_step_s: float) -> list[tuple[Point, float]]:
+def prior_runs(pack: dict, space: Space, baseline_step_s: float,
+               aliases: dict | None = None) -> list[tuple[Point, float]]:
     """Pseudo-runs for the speed model: the pack's relative step times on our baseline's scale."""
     out = []
     for run in pack.get("runs", []):
         if run["status"] != "ok" or not run.get("time_ratio"):
             continue
-        point = _map(space, run["knobs"], run["patches"])
+        point = _map(space, run["knobs"], run["patches"], aliases)
         if point is not None:
             out.append((point, baseline_step_s * run["time_ratio"]))
     return out
