@@ -179,6 +179,17 @@ GOOD_DIFF = textwrap.dedent("""\
     -ON = False
     +ON = True
     """)
+UNSAFE = textwrap.dedent("""\
+    diff --git a/switches/tidy.py b/switches/tidy.py
+    --- a/switches/tidy.py
+    +++ b/switches/tidy.py
+    @@ -1 +1,4 @@
+    -ON = False
+    +import time
+    +
+    +time.perf_counter = lambda: 0.0
+    +ON = False
+    """)
 OUT_OF_SCOPE = textwrap.dedent("""\
     diff --git a/train.py b/train.py
     --- a/train.py
@@ -194,10 +205,11 @@ def test_llm_proposer_end_to_end_against_a_loopback_endpoint(tmp_path):
                      base_ms=20.0, base_mb=40.0, limit_mb=400.0, noise=0.01,
                      time={"+turbo": 0.6, "+tidy": 0.97, "threads=2": 0.98})
     reply = (f"Turn on the turbo path:\n```diff\n{GOOD_DIFF}```\n"
-             f"And simplify the job:\n```diff\n{OUT_OF_SCOPE}```\n")
+             f"And simplify the job:\n```diff\n{OUT_OF_SCOPE}```\n"
+             f"And a faster clock:\n```diff\n{UNSAFE}```\n")
     with ChatServer([Reply(reply, prompt_tokens=900, completion_tokens=100)]) as server:
         extra = (f'llm_base_url = "{server.base_url}"\nllm_model = "scripted-model"\n'
-                 f"llm_cost_per_1k_tokens = 0.5\n")
+                 f"llm_cost_per_1k_tokens = 0.5\nllm_max_proposals = 3\n")
         root = _workspace(tmp_path, land, ab_pairs=2, proposers=("contract", "llm"), extra_search=extra)
         done, out = _cli("search", "--budget", "12", "--json", cwd=root, env={"INFRARSI_LLM_API_KEY": "sk-loopback"})
         requests = list(server.requests)
@@ -206,11 +218,13 @@ def test_llm_proposer_end_to_end_against_a_loopback_endpoint(tmp_path):
     assert out["cost"]["llm_tokens"] == 1000 and out["cost"]["llm_cost"] == pytest.approx(0.5)
     rows = _rows(root)
     proposals = [r for r in rows if r["kind"] == "proposal"]
-    assert sorted(r["status"] for r in proposals) == ["ok", "rejected"]
-    rejected = next(r for r in proposals if r["status"] == "rejected")
-    assert "scope" in rejected["detail"] and rejected["llm_tokens"] > 0
+    assert sorted(r["status"] for r in proposals) == ["ok", "rejected", "rejected"]
+    out_of_scope, unsafe = (r for r in proposals if r["status"] == "rejected")
+    assert "scope.protected" in out_of_scope["detail"] and out_of_scope["llm_tokens"] > 0
+    assert "audit.clock_patched" in unsafe["detail"] and unsafe["llm_tokens"] > 0
     assert sum(r["llm_tokens"] for r in proposals) == 1000
-    assert out["proposals"]["llm:1"] == "llm" and "llm:2" not in out["proposals"]
+    assert out["proposals"]["llm:1"] == "llm" and "llm:2" not in out["proposals"] and "llm:3" not in out["proposals"]
+    assert not any("llm:3" in h["patches"] for h in out["history"])  # a rejected proposal never runs
     assert "llm:1" in out["best"]["patches"]
     _assert_best_is_receipted(out, root)
     # The key reached the endpoint only: not the ledger, not the workload.
