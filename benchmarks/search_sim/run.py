@@ -11,8 +11,9 @@ and this search with a pack exported from one promoted search on a related lands
 A method's pick after each execution is its best measured point so far (the baseline
 until something measures faster), worth its TRUE speedup over the exhaustive optimum.
 
-    python benchmarks/search_sim/run.py [--seeds 20] [--budget 40] [--landscapes dense,moe]
+    python benchmarks/search_sim/run.py [--seeds 20] [--first-seed 0] [--budget 40] [--landscapes dense,moe]
         [--methods ours,ours+pack,random,greedy,tpe-config,tpe-joint] [--out results.json]
+    python benchmarks/search_sim/run.py --merge part1.json part2.json   # disjoint seeds, one report
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def run_method(name: str, overhead_mb: float, method: str, seed: int, base: dict
          "patches": h["patches"], **({"origin": h["origin"]} if "origin" in h else {})} for h in history]}
 
 
-def bench_landscape(pool, name: str, overhead_mb: float, methods: list[str], seeds: int, budget: int,
+def bench_landscape(pool, name: str, overhead_mb: float, methods: list[str], seeds: range, budget: int,
                     root: Path, started: float) -> dict:
     land = build(name, overhead_mb)
     base_folder = str(root / f"{name}-template")
@@ -142,7 +143,7 @@ def bench_landscape(pool, name: str, overhead_mb: float, methods: list[str], see
                        else (None, None))
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     # Seeds outermost, so the shared machine's load falls on every method alike.
-    for seed in range(seeds):
+    for seed in seeds:
         for method in methods:
             scored = pool.apply(run_method, (name, overhead_mb, method, seed, base, base_folder,
                                              str(root / f"{name}-{method}-{seed}"), budget, pack))
@@ -154,7 +155,7 @@ def bench_landscape(pool, name: str, overhead_mb: float, methods: list[str], see
     return {"landscape": land.name, "optimum": land.optimum(),
             "optimum_point": {"knobs": best[0], "patches": best[1]},
             "points": sum(1 for _ in land.points()), "feasible": sum(land.feasible(*p) for p in land.points()),
-            "limit_mb": land.limit_mb, "baseline": base, "pack": pack_info,
+            "limit_mb": land.limit_mb, "baselines": [base], "packs": [pack_info],
             "summary": {m: summarise(r, budget) for m, r in runs.items()}, "runs": runs}
 
 
@@ -193,21 +194,85 @@ def table(result: dict, budget: int) -> str:
     return "\n".join(lines)
 
 
+def report(doc: dict) -> str:
+    """The Markdown report of a result document (one run's, or several merged)."""
+    budget = doc["budget"]
+    out = [" and ".join(f"`{c}`" for c in doc["commands"])
+           + f" on {doc['cores']} cores (Python {doc['python']}), job memory overhead measured at "
+           + ", ".join(f"{o} MB" for o in doc["overhead_mb"]) + "\n"]
+    for name, result in doc["landscapes"].items():
+        seeds = sorted(r["seed"] for r in next(iter(result["runs"].values())))
+        out.append(f"### {name}: optimum {result['optimum']:.3f}x, {result['feasible']}/{result['points']} points "
+                   f"feasible, seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), budget {budget}\n")
+        out.append(table(result, budget) + "\n")
+        out += [f"- {line}" for line in verdicts(result, budget)]
+        for pack in result["packs"]:
+            if pack:
+                worth = (f"its promoted best is worth {pack['best_true_fraction_here']:.3f} of this optimum"
+                         if pack["best"] else "nothing was promoted")
+                out.append(f"- pack: {pack['findings']} verified finding(s), {pack['runs']} runs; {worth}")
+        out.append(f"- wall time {result['wall_s']:.0f} s\n")
+    out.append(f"total wall time {doc['wall_s']:.0f} s ({doc['wall_s'] / 60:.1f} min)")
+    return "\n".join(out)
+
+
+def merge(docs: list[dict]) -> dict:
+    """Result documents of the same benchmark over disjoint seeds, as one."""
+    if len({d["budget"] for d in docs}) != 1:
+        raise SystemExit("--merge: the results have different budgets")
+    merged = {"commands": [c for d in docs for c in d["commands"]], "cores": docs[0]["cores"],
+              "python": docs[0]["python"], "budget": docs[0]["budget"],
+              "overhead_mb": [o for d in docs for o in d["overhead_mb"]],
+              "wall_s": round(sum(d["wall_s"] for d in docs), 1), "landscapes": {}}
+    for doc in docs:
+        for name, result in doc["landscapes"].items():
+            into = merged["landscapes"].setdefault(name, {**result, "runs": {}, "packs": [], "baselines": [],
+                                                          "wall_s": 0.0})
+            into["packs"] += result["packs"]
+            into["baselines"] += result["baselines"]
+            into["wall_s"] += result["wall_s"]
+            for method, runs in result["runs"].items():
+                seen = {r["seed"] for r in into["runs"].get(method, [])}
+                if seen & {r["seed"] for r in runs}:
+                    raise SystemExit(f"--merge: {name} {method}: a seed appears in two results")
+                into["runs"][method] = sorted(into["runs"].get(method, []) + runs, key=lambda r: r["seed"])
+    for result in merged["landscapes"].values():
+        result["summary"] = {m: summarise(r, merged["budget"]) for m, r in result["runs"].items()}
+    return merged
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--landscapes", default="dense,moe")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--out", type=Path, help="write every run (history, trajectory) as JSON here")
     ap.add_argument("--work", type=Path, help="folder for the workspaces (default: a temporary one, removed)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS",
+                    help="run nothing: report the --out files of runs over disjoint seeds as one")
     args = ap.parse_args(argv)
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        ap.error(f"--methods: unknown {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
+    if args.merge:
+        doc = merge([json.loads(path.read_text()) for path in args.merge])
+    else:
+        methods = [m for m in args.methods.split(",") if m]
+        unknown = [m for m in methods if m not in METHODS]
+        if unknown:
+            ap.error(f"--methods: unknown {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
+        command = "python benchmarks/search_sim/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        doc = bench(methods, range(args.first_seed, args.first_seed + args.seeds), args.budget,
+                    args.landscapes.split(","), args.work, command.strip())
+    print(report(doc))
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+def bench(methods: list[str], seeds: range, budget: int, names: list[str], work: Path | None, command: str) -> dict:
+    """Every landscape, method and seed; the result document."""
     started = time.time()
-    root = args.work or Path(tempfile.mkdtemp(prefix="search-sim-"))
+    root = work or Path(tempfile.mkdtemp(prefix="search-sim-"))
     root.mkdir(parents=True, exist_ok=True)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
@@ -216,36 +281,16 @@ def main(argv=None) -> int:
             overhead = pool.apply(calibrate_overhead, (str(root),))
             print(f"memory overhead of the job, measured: {overhead} MB", file=sys.stderr)
             results = {}
-            for name in args.landscapes.split(","):
+            for name in names:
                 began = time.time()
-                result = bench_landscape(pool, name, overhead, methods, args.seeds, args.budget, root, started)
+                result = bench_landscape(pool, name, overhead, methods, seeds, budget, root, started)
                 result["wall_s"] = round(time.time() - began, 1)
                 results[result["landscape"]] = result
     finally:
-        if args.work is None:
+        if work is None:
             shutil.rmtree(root, ignore_errors=True)
-    wall = time.time() - started
-    command = "python benchmarks/search_sim/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"`{command.strip()}` on {os.cpu_count()} cores ({platform.python_version()}), "
-          f"memory overhead calibrated to {overhead} MB\n")
-    for name, result in results.items():
-        print(f"### {name}: optimum {result['optimum']:.3f}x, {result['feasible']}/{result['points']} points feasible, "
-              f"{args.seeds} seeds, budget {args.budget}\n")
-        print(table(result, args.budget) + "\n")
-        for line in verdicts(result, args.budget):
-            print(f"- {line}")
-        if result["pack"]:
-            pack = result["pack"]
-            worth = (f"its promoted best is worth {pack['best_true_fraction_here']:.3f} of this optimum"
-                     if pack["best"] else "nothing was promoted")
-            print(f"- pack: {pack['findings']} verified finding(s), {pack['runs']} runs; {worth}")
-        print(f"- wall time {result['wall_s']:.0f} s\n")
-    print(f"total wall time {wall:.0f} s ({wall / 60:.1f} min)")
-    if args.out:
-        args.out.write_text(json.dumps({"command": command.strip(), "cores": os.cpu_count(), "seeds": args.seeds,
-                                        "budget": args.budget, "overhead_mb": overhead,
-                                        "wall_s": round(wall, 1), "landscapes": results}, indent=1, default=str))
-    return 0
+    return {"commands": [command], "cores": os.cpu_count(), "python": platform.python_version(), "budget": budget,
+            "overhead_mb": [overhead], "wall_s": round(time.time() - started, 1), "landscapes": results}
 
 
 if __name__ == "__main__":

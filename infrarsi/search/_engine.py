@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import subprocess
-import threading
-import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -33,237 +28,22 @@ from infrarsi._runner import ExecutionResult
 from infrarsi._sandbox import PatchRejected
 from infrarsi._sources import changed_sources, pre_images
 from infrarsi._workspace import Workspace, open_workspace
-from infrarsi.auditors import check_sources
-from infrarsi.search._models import Failures, MemoryModel, SpeedModel, expected_improvement
+from infrarsi.search._journal import Journal, JournalledExecutor
+from infrarsi.search._models import MemoryModel, SpeedModel, expected_improvement
 from infrarsi.search._proposers import ContractProposer, Proposal, ProposalContext, Proposer, editable_sources
+from infrarsi.search._screening import default_proposers, failing_checks, screen
 from infrarsi.search._space import Point, Space
-from infrarsi.verifiers import CheckResult, check_scope
+from infrarsi.search._state import (INTERRUPTED, Observation, SearchOutcome, SearchState, exploration_budget,
+                                    promotion_cost)
 
 __all__ = ["search", "SearchOutcome", "Observation", "SearchState", "promotion_cost", "exploration_budget"]
 
 META_KEY = "search:current"
-# Checks whose failure says the workspace or the installed framework changed, not the candidate.
-NOT_THE_CANDIDATES = {"integrity.manifest", "integrity.framework"}
 RESCUE_MIN_FIT = 0.05        # a partner the memory model gives less chance of fitting than this is not tried
 RESCUE_DEPTH = 1             # a partner that ran out of memory too gets one more try, then the search moves on
-INTERRUPTED = "interrupted"   # detail prefix of an execution cut short by our own stop: no evidence
-
-
-def promotion_cost(ab_pairs: int) -> int:
-    """Executions one `verify` takes at most: the candidate run, then the A/B pairs."""
-    return 1 + 2 * ab_pairs
-
-
-def exploration_budget(budget: int, promote_top: int, ab_pairs: int) -> tuple[int, int]:
-    """(exploration executions, promotions planned) for a total budget.
-
-    Promotions are reserved first, but never more than half the budget, and at least one.
-    """
-    cost = promotion_cost(ab_pairs)
-    if budget < cost + 1:
-        raise UsageError(f"--budget {budget}: too small; one promotion (`verify` with {ab_pairs} A/B pairs) "
-                         f"takes {cost} executions, plus at least one exploration run")
-    planned = min(promote_top, max(1, (budget // 2) // cost))
-    return budget - planned * cost, planned
-
-
-@dataclass
-class Observation:
-    point: Point
-    status: str            # ok | oom | crash | timeout | rejected, or "interrupted" (no evidence)
-    step_time_s: float | None
-    peak_mem_mb: float | None
-    execution: int | None
-    origin: str
-    detail: str = ""
-    device_s: float = 0.0
-
-
-@dataclass
-class SearchState:
-    """What the search knows: its observations, learned failures, and where it started."""
-
-    space: Space
-    baseline: Observation
-    limit_mb: float
-    observations: list[Observation] = field(default_factory=list)
-    failures: Failures = field(default_factory=Failures)
-    conflicts: set[frozenset[str]] = field(default_factory=set)
-    rescued: list[dict] = field(default_factory=list)
-    priors: list[tuple[Point, float]] = field(default_factory=list)   # a pack's pseudo-runs
-
-    def tried(self) -> set[Point]:
-        return {o.point for o in self.observations if o.status != INTERRUPTED} | {self.baseline.point}
-
-    def add(self, obs: Observation, failed_checks: list[str] | None = None) -> None:
-        """Record a finished execution. A rejection counts against its changes only when a
-        failing check is about the candidate (not the workspace or the framework changing)."""
-        self.observations.append(obs)
-        atoms = self.space.atoms_of(obs.point)
-        not_its_fault = bool(failed_checks) and set(failed_checks) <= NOT_THE_CANDIDATES
-        if obs.status == "ok":
-            self.failures.add_success(atoms)
-        elif obs.status in ("crash", "rejected") and atoms and not not_its_fault:
-            self.failures.add_failure(atoms, f"{obs.status}: {obs.detail[:160]}")
-
-    def ok(self) -> list[Observation]:
-        return [self.baseline] + [o for o in self.observations if o.status == "ok" and o.step_time_s]
-
-    def speed_model(self) -> SpeedModel:
-        from infrarsi.search._pack import PRIOR_WEIGHT
-
-        ok = self.ok()
-        points = [o.point for o in ok] + [p for p, _ in self.priors]
-        times = [o.step_time_s for o in ok] + [t for _, t in self.priors]
-        weights = [1.0] * len(ok) + [PRIOR_WEIGHT] * len(self.priors)
-        return SpeedModel(self.space).fit(points, times, weights)
-
-    def memory_model(self) -> MemoryModel:
-        seen = [o for o in [self.baseline] + self.observations
-                if (o.status == "ok" and o.peak_mem_mb) or o.status == "oom"]
-        return MemoryModel(self.space, self.limit_mb).fit(
-            [o.point for o in seen], [o.peak_mem_mb if o.status == "ok" else None for o in seen],
-            [o.status == "oom" for o in seen])
-
-    def p_ok(self, points: list[Point]) -> np.ndarray:
-        judge = self.failures.judge()
-        out = np.array([judge(self.space.atoms_of(p)) for p in points], dtype=float)
-        for i, p in enumerate(points):
-            if any(c <= p.patches for c in self.conflicts):
-                out[i] = 0.0
-        return out
-
-    def best_log(self) -> float:
-        return min(math.log(o.step_time_s) for o in self.ok())
-
-
-@dataclass
-class SearchOutcome:
-    search_id: str
-    best: dict | None
-    promoted: list[dict]
-    attempts: list[dict]
-    executions: int
-    exploration: int
-    budget: int
-    cost: dict
-    incompatibilities: list[dict]
-    rescued: list[dict]
-    proposals: dict
-    resumed: bool
-    messages: list[str]
-    history: list[dict]
-
-    def to_json(self) -> dict:
-        """The DESIGN.md shape of `search --json`, with the details after it."""
-        return {"best": self.best, "executions": self.executions, "promoted": self.promoted, "cost": self.cost,
-                "search": self.search_id, "budget": self.budget, "exploration": self.exploration,
-                "attempts": self.attempts, "incompatibilities": self.incompatibilities, "rescued": self.rescued,
-                "proposals": self.proposals, "resumed": self.resumed, "messages": self.messages,
-                "history": self.history}
-
-
-# -- proposers ------------------------------------------------------------------------------
-
-def default_proposers(ws: Workspace, messages: list[str]) -> list[Proposer]:
-    wanted = ws.contract.search.proposers
-    out: list[Proposer] = []
-    if "contract" in wanted:
-        out.append(ContractProposer())
-    if "catalog" in wanted:
-        from infrarsi.search._catalog import CatalogProposer
-
-        out.append(CatalogProposer())
-    if "llm" in wanted:
-        from infrarsi.search._llm import LLMProposer, llm_config
-
-        config, why = llm_config(ws.contract.search.values, os.environ)
-        messages.append(f"LLM proposer {why}")
-        if config is not None:
-            out.append(LLMProposer(config))
-    return out
-
-
-def _screen(ws: Workspace, patch: PatchRef) -> list[CheckResult]:
-    """The cheap checks a proposal must pass before it may join the space: scope and the audit."""
-    contract = ws.contract
-    checks = check_scope({patch.name: patch.text}, list(contract.scope.editable), list(contract.protected_globs))
-    if any(not c.passed for c in checks):
-        return checks
-    try:
-        sources = changed_sources(contract.workspace, (patch,))
-    except (PatchRejected, PatchParseError) as exc:
-        return checks + [CheckResult("scope.apply", "fail", f"does not apply: {exc}")]
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:  # a path too long, git timing out, ...
-        return checks + [CheckResult("scope.apply", "fail", f"cannot be applied here: {type(exc).__name__}: {exc}")]
-    return checks + check_sources(sources, contract.numerics.precision, contract.protected_globs)
-
-
-def _failing(row: dict) -> list[str]:
-    return [v.get("id") for v in row.get("verdicts") or [] if isinstance(v, dict)
-            and v.get("status") in ("fail", "unchecked")]
 
 
 # -- the driver -----------------------------------------------------------------------------
-
-class _Journal:
-    """The execution in flight, on disk, with a heartbeat: what a SIGKILL leaves behind."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def begin(self, entry: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {**entry, "started": time.time(), "alive": time.time()}
-        self._write(entry)
-        self._stop.clear()
-
-        def beat() -> None:
-            while not self._stop.wait(1.0):
-                entry["alive"] = time.time()
-                self._write(entry)
-
-        self._thread = threading.Thread(target=beat, daemon=True)
-        self._thread.start()
-
-    def _write(self, entry: dict) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entry))
-        os.replace(tmp, self.path)
-
-    def stop(self) -> None:
-        """The execution returned: stop the heartbeat (the file stays until its row is recorded)."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-
-    def clear(self) -> None:
-        """Its row is in the ledger: nothing is in flight."""
-        self.stop()
-        self.path.unlink(missing_ok=True)
-
-    def read(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None
-
-
-class _JournalledExecutor:
-    def __init__(self, inner, journal: _Journal, ledger) -> None:
-        self.inner, self.journal, self.ledger = inner, journal, ledger
-        self.batch = ""
-
-    def run(self, contract, pinned, candidate):
-        self.journal.begin({"batch": self.batch, "rows_before": self.ledger.count(),
-                            "knobs": candidate.knobs, "patches": [p.name for p in candidate.patches]})
-        try:
-            return self.inner.run(contract, pinned, candidate)
-        finally:
-            self.journal.stop()
-
 
 class _Search:
     def __init__(self, ws: Workspace, stored_baseline: dict, state_meta: dict, resumed: bool,
@@ -285,8 +65,8 @@ class _Search:
         self.state = SearchState(self.space, Observation(base_point, "ok", self.summary["step_time_s"]["median"],
                                                          self.summary.get("peak_mem_mb"), None, "baseline"),
                                  float(contract.resources.memory_limit_mb))
-        self.journal = _Journal(contract.state_dir / "search" / f"{self.id}.inflight.json")
-        self.executor = _JournalledExecutor(ws.executor, self.journal, ws.ledger)
+        self.journal = Journal(contract.state_dir / "search" / f"{self.id}.inflight.json")
+        self.executor = JournalledExecutor(ws.executor, self.journal, ws.ledger)
         self._proposers = proposers
         self.history: list[dict] = []
         self.attempts: list[dict] = []
@@ -389,7 +169,7 @@ class _Search:
 
     def _screened_in(self, patch: PatchRef, tokens: int, cost: float) -> bool:
         """Screen one proposal and record the screening (with the LLM tokens it took) as a row."""
-        checks = _screen(self.ws, patch)
+        checks = screen(self.ws, patch)
         failed = [c for c in checks if not c.passed]
         detail = ("proposal rejected: " + "; ".join(f"{c.id}: {c.detail}" for c in failed) if failed
                   else "proposal screened in (scope and audit pass); its runs are separate executions")
@@ -431,7 +211,7 @@ class _Search:
                 status = INTERRUPTED
             obs = Observation(point, status, row.get("step_time_s"), row.get("peak_mem_mb"), row["id"],
                               "resumed", row.get("detail") or "", row.get("device_s") or 0.0)
-            self.state.add(obs, _failing(row))
+            self.state.add(obs, failing_checks(row))
             if status != INTERRUPTED:
                 self._remember(obs, self.meta.get("origins", {}).get(str(row["id"]), "resumed"))
         self.state.rescued = list(self.meta.get("rescued", []))
@@ -554,7 +334,7 @@ class _Search:
         row = self.ws.ledger.get_execution(check.executions[-1])
         obs = Observation(point, row["status"], row.get("step_time_s"), row.get("peak_mem_mb"), row["id"], origin,
                           row.get("detail") or "", row.get("device_s") or 0.0)
-        self.state.add(obs, _failing(row))
+        self.state.add(obs, failing_checks(row))
         speedup = self._remember(obs, origin)
         self.meta.setdefault("origins", {})[str(row["id"])] = origin
         self._save()
