@@ -8,14 +8,14 @@ from pathlib import Path
 
 from infrarsi.ledger import canonical_json, sha256_hex, verify_signature
 
-__all__ = ["write_receipt", "verify_receipt", "ReceiptCheck", "RECEIPT_VERSION"]
+__all__ = ["write_receipt", "verify_receipt", "check_receipt", "ReceiptCheck", "RECEIPT_VERSION"]
 
 RECEIPT_VERSION = 1
 
 
 def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
                   baseline_summary) -> Path:
-    """Sign and write ``.infrarsi/receipts/<id>.json``; returns its path."""
+    """Sign and write ``.infrarsi/receipts/<id>.json`` (and keep a copy in the ledger); returns its path."""
     from infrarsi._verify import VERDICT_VERSION, required_checks
 
     body = {
@@ -42,7 +42,10 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
     folder = ws.contract.state_dir / "receipts"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{receipt_id}.json"
-    path.write_text(json.dumps(signed, indent=2, sort_keys=True) + "\n")
+    text = json.dumps(signed, indent=2, sort_keys=True) + "\n"
+    path.write_text(text)
+    # The ledger keeps the receipt too, so `infrarsi report` and `audit` need the ledger file alone.
+    ws.ledger.put_blob(text.encode(), "receipt")
     return path
 
 
@@ -60,12 +63,18 @@ class ReceiptCheck:
 def verify_receipt(path: str | Path, trusted_public_hex: str | None = None) -> ReceiptCheck:
     """Signature, id and completeness: every required check present and `pass`."""
     from infrarsi._candidate import UsageError
-    from infrarsi._verify import OPTIONAL_NUMERICS, REQUIRED_CHECKS
 
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the receipt: {exc.strerror or exc}") from None
+    return check_receipt(raw, trusted_public_hex)
+
+
+def check_receipt(raw: bytes, trusted_public_hex: str | None = None) -> ReceiptCheck:
+    """:func:`verify_receipt` of a receipt's bytes (as the ledger keeps them)."""
+    from infrarsi._verify import OPTIONAL_NUMERICS, REQUIRED_CHECKS
+
     try:
         data = json.loads(raw)
         body, signature, receipt_id = data["receipt"], data["signature"], data["id"]

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-run the source rules even where today's exact rule code stored the verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
+    p = verbs.add_parser("report", help="Markdown + self-contained HTML report from the ledger alone")
+    _common(p)
+    p.add_argument("--ledger", default=None, metavar="LEDGER.db",
+                   help="the ledger to report on (default: the contract's .infrarsi/ledger.db)")
+    p.add_argument("--out", default=None, metavar="DIR", help="where to write it (default: .infrarsi/report/)")
+
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
     p.add_argument("--dir", default=None, help="where to copy the workload (default: ./infrarsi-demo)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -271,6 +277,21 @@ def _cmd_audit(args) -> int:
     return EXIT_OK if report.clean else EXIT_REJECTED
 
 
+def _cmd_report(args) -> int:
+    from infrarsi.report import report
+
+    outcome = report(args.contract, ledger=args.ledger, out=args.out)
+    lines = [f"report {outcome.html}", f"  markdown  {outcome.markdown} (plots beside it: {len(outcome.plots)})",
+             f"  ledger    {outcome.executions} execution(s), chain {'ok' if outcome.chain_ok else 'BROKEN'}"]
+    for p in outcome.promoted:
+        lines.append(f"  promoted  {p['speedup']['median']:.3f}x  receipt {p['receipt']}")
+    if not outcome.promoted:
+        lines.append("  promoted  none")
+    lines += [f"  INVALID receipt {b['receipt']}: {'; '.join(b['problems'])}" for b in outcome.bad_receipts]
+    _emit(args, outcome.to_json(), "\n".join(lines))
+    return EXIT_OK if outcome.ok else EXIT_REJECTED
+
+
 def _cmd_demo(args) -> int:
     from infrarsi._demo import demo
 
@@ -297,7 +318,8 @@ def _num(value, fmt: str) -> str:
 
 
 _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
-             "search": _cmd_search, "pack": _cmd_pack, "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit, "demo": _cmd_demo}
+             "search": _cmd_search, "pack": _cmd_pack, "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit,
+             "report": _cmd_report, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

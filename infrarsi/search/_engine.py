@@ -525,8 +525,10 @@ class _Search:
             self._save()
             self.promote(budget)
         self.meta["finished"] = True
+        result = self.outcome(exploration)
+        self.meta["incompatibilities"] = result.incompatibilities   # for `infrarsi report`
         self._save()
-        return self.outcome(exploration)
+        return result
 
     def outcome(self, exploration: int) -> SearchOutcome:
         rows = self._rows()
