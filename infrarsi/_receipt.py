@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infrarsi.ledger import canonical_json, sha256_hex, verify_signature
 
-__all__ = ["write_receipt", "verify_receipt", "check_receipt", "ReceiptCheck", "RECEIPT_VERSION"]
+__all__ = ["write_receipt", "verify_receipt", "check_receipt", "ledger_receipts", "ReceiptCheck", "RECEIPT_VERSION"]
 
 RECEIPT_VERSION = 1
 
@@ -16,6 +16,7 @@ RECEIPT_VERSION = 1
 def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
                   baseline_summary) -> Path:
     """Sign and write ``.infrarsi/receipts/<id>.json`` (and keep a copy in the ledger); returns its path."""
+    from infrarsi._sources import pre_images
     from infrarsi._verify import VERDICT_VERSION, required_checks
 
     body = {
@@ -25,6 +26,10 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         "candidate": candidate.describe(),
         "patches": [{"name": p.name, "sha256": p.sha256} for p in candidate.patches],
         "patch_text_sha256": sha256_hex("".join(p.text for p in candidate.patches).encode()),
+        # What the patches were measured on, so `apply` and `gate` can tell the same code from other code.
+        "sources": {path: sha256_hex(data) for path, data in
+                    sorted(pre_images(ws.contract.workspace, candidate.patches).items())},
+        "protected_files": ws.manifest.files,
         "knobs": dict(candidate.knobs),
         "environment": fingerprint,
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
@@ -112,3 +117,27 @@ def check_receipt(raw: bytes, trusted_public_hex: str | None = None) -> ReceiptC
         problems.append("no back-to-back A/B samples")
     return ReceiptCheck(not problems, problems, receipt_id if isinstance(receipt_id, str) else None,
                         body.get("speedup"))
+
+
+def ledger_receipts(ledger) -> dict[str, bytes]:
+    """Every receipt a ledger holds (its own copies), and any in the ``receipts/`` folder beside it, by id.
+
+    Ledgers written before they kept receipts have them only in the folder. Nothing is
+    checked here: callers run :func:`check_receipt` on each.
+    """
+    found: dict[str, bytes] = {}
+    for digest, in ledger.db.execute("SELECT hash FROM blobs WHERE kind = 'receipt' ORDER BY rowid"):
+        data = ledger.get_blob(digest)
+        found[_receipt_id(data) or digest] = data
+    for path in sorted((Path(ledger.path).parent / "receipts").glob("*.json")):
+        data = path.read_bytes()
+        found.setdefault(_receipt_id(data) or path.name, data)
+    return found
+
+
+def _receipt_id(data: bytes) -> str | None:
+    try:
+        value = json.loads(data).get("id")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None

@@ -100,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the ledger to report on (default: the contract's .infrarsi/ledger.db)")
     p.add_argument("--out", default=None, metavar="DIR", help="where to write it (default: .infrarsi/report/)")
 
+    p = verbs.add_parser("apply", help="write a verified candidate into the workspace: a git branch or a patch file")
+    _common(p)
+    p.add_argument("receipt", nargs="?", default=None, metavar="RECEIPT_ID",
+                   help="a receipt id (or unique prefix, or a receipt .json); default: the best verified one")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--branch", default=None, metavar="NAME",
+                       help="a new branch with one commit (default in a git work tree: infrarsi/<receipt id>)")
+    where.add_argument("--patch-file", default=None, metavar="FILE",
+                       help="write the combined patch here instead (default outside git: .infrarsi/apply/<id>.diff)")
+
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
     p.add_argument("--dir", default=None, help="where to copy the workload (default: ./infrarsi-demo)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -292,6 +302,29 @@ def _cmd_report(args) -> int:
     return EXIT_OK if outcome.ok else EXIT_REJECTED
 
 
+def _cmd_apply(args) -> int:
+    from infrarsi._apply import ApplyRefused, apply
+
+    try:
+        outcome = apply(args.contract, receipt=args.receipt, branch=args.branch, patch_file=args.patch_file)
+    except ApplyRefused as exc:
+        print(f"infrarsi apply: refused: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(exc), "exit_code": EXIT_REJECTED, "applied": False}, sort_keys=True))
+        return EXIT_REJECTED
+    sp = outcome.speedup
+    lines = [f"applied receipt {outcome.receipt}: {sp['median']:.3f}x (95% CI {sp['ci_low']:.3f}-{sp['ci_high']:.3f})",
+             f"  changes   {', '.join(outcome.changes) or 'none'}"]
+    if outcome.branch:
+        lines += [f"  branch    {outcome.branch} (commit {outcome.commit[:12]}, receipt bundle {outcome.bundle})",
+                  f"  next      git switch {outcome.branch}   (your checkout was not touched)"]
+    else:
+        lines += [f"  patch     {outcome.patch_file}", f"  next      {outcome.apply_command}"]
+    lines.append(f"  launch    {outcome.launch['shell']}")
+    _emit(args, {**outcome.to_json(), "applied": True}, "\n".join(lines))
+    return EXIT_OK
+
+
 def _cmd_demo(args) -> int:
     from infrarsi._demo import demo
 
@@ -319,7 +352,7 @@ def _num(value, fmt: str) -> str:
 
 _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
              "search": _cmd_search, "pack": _cmd_pack, "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit,
-             "report": _cmd_report, "demo": _cmd_demo}
+             "report": _cmd_report, "apply": _cmd_apply, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,26 +133,6 @@ def _contract_facts(ledger: Ledger) -> tuple[str, float | None]:
             float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None)
 
 
-def _receipts(ledger: Ledger) -> dict[str, bytes]:
-    """Every receipt the ledger holds, and any in the folder beside it, by id."""
-    found: dict[str, bytes] = {}
-    for digest, in ledger.db.execute("SELECT hash FROM blobs WHERE kind = 'receipt' ORDER BY rowid"):
-        data = ledger.get_blob(digest)
-        found[_receipt_id(data) or digest] = data
-    for path in sorted((ledger.path.parent / "receipts").glob("*.json")):
-        data = path.read_bytes()
-        found.setdefault(_receipt_id(data) or path.name, data)
-    return found
-
-
-def _receipt_id(data: bytes) -> str | None:
-    try:
-        value = json.loads(data).get("id")
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
-
-
 def _promotion(ledger: Ledger, body: dict, receipt_id: str, baseline_knobs: dict, mfu: float | None) -> Promotion:
     knobs = dict(body.get("knobs") or {})
     patches = []
@@ -186,7 +166,7 @@ def _incompatibilities(ledger: Ledger) -> list[dict]:
 def load_report_data(ledger_path: str | Path) -> ReportData:
     """Read everything the report shows from the ledger at ``ledger_path`` (never written to)."""
     from infrarsi._reaudit import _trusted_key
-    from infrarsi._receipt import check_receipt
+    from infrarsi._receipt import check_receipt, ledger_receipts
 
     path = Path(ledger_path)
     trusted, problem = _trusted_key(path, None)
@@ -204,7 +184,7 @@ def load_report_data(ledger_path: str | Path) -> ReportData:
         rows = [{k: v for k, v in r.items() if k not in ("sources", "verdicts", "stderr_tail", "signature")}
                 for r in ledger.executions()]
         promotions, bad = [], []
-        for receipt_id, data in _receipts(ledger).items():
+        for receipt_id, data in ledger_receipts(ledger).items():
             check = check_receipt(data, trusted or ledger.public_key)
             if not check.ok:
                 bad.append({"receipt": receipt_id, "problems": check.problems})
