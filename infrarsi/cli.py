@@ -110,6 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--patch-file", default=None, metavar="FILE",
                        help="write the combined patch here instead (default outside git: .infrarsi/apply/<id>.diff)")
 
+    p = verbs.add_parser("gate", help="CI: pass a speed change only with a full receipt (carried, or measured here)")
+    _common(p)
+    p.add_argument("--base", default=None, metavar="REF", help="the pull request's base (e.g. origin/main)")
+    p.add_argument("--head", default=None, metavar="REF", help="the pull request's head (e.g. HEAD)")
+    p.add_argument("--patch", default=None, metavar="FILE", help="judge this patch on top of --base (default HEAD)")
+    p.add_argument("--trusted-keys", default=None, metavar="FILE",
+                   help="public keys whose receipts pass without a rerun (default: infrarsi-trusted-keys at the base)")
+    p.add_argument("--rerun", action="store_true", help="measure here even when a carried receipt verifies")
+    p.add_argument("--runs", type=int, default=3, help="baseline runs when measuring here (default 3)")
+    p.add_argument("--pairs", type=int, default=None, help="A/B pairs when measuring here (default: the contract's)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE",
+                   help="launch settings to measure with (default: a carried receipt's)")
+    p.add_argument("--out", default=None, metavar="DIR", help="where a receipt made here is kept (default ./infrarsi-gate)")
+    p.add_argument("--summary", default=None, metavar="FILE",
+                   help="also append the Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)")
+
     p = verbs.add_parser("demo", help="the bundled workload through every stage built so far")
     p.add_argument("--dir", default=None, help="where to copy the workload (default: ./infrarsi-demo)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -325,6 +341,28 @@ def _cmd_apply(args) -> int:
     return EXIT_OK
 
 
+def _cmd_gate(args) -> int:
+    from infrarsi._candidate import parse_sets
+    from infrarsi._gate import gate
+
+    if args.runs < 1:
+        raise _usage(f"--runs {args.runs}: expected at least 1")
+    bar = _progress(args, "gate")
+    with bar or _Null():
+        outcome = gate(args.contract, base=args.base, head=args.head, patch=args.patch,
+                       trusted_keys=args.trusted_keys, rerun=args.rerun, runs=args.runs, pairs=args.pairs,
+                       sets=parse_sets(args.sets), out=args.out, progress=bar.update if bar else None)
+    text = outcome.markdown()
+    if args.summary:
+        try:
+            with open(args.summary, "a", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+        except OSError as exc:
+            raise _usage(f"--summary {args.summary}: cannot write it: {exc.strerror or exc}") from None
+    _emit(args, outcome.to_json(), text.rstrip())
+    return EXIT_OK if outcome.passed else EXIT_REJECTED
+
+
 def _cmd_demo(args) -> int:
     from infrarsi._demo import demo
 
@@ -352,7 +390,8 @@ def _num(value, fmt: str) -> str:
 
 _COMMANDS = {"init": _cmd_init, "baseline": _cmd_baseline, "run": _cmd_run, "verify": _cmd_verify,
              "search": _cmd_search, "pack": _cmd_pack, "receipt": _cmd_receipt, "lint": _cmd_lint, "audit": _cmd_audit,
-             "report": _cmd_report, "apply": _cmd_apply, "demo": _cmd_demo}
+             "report": _cmd_report, "apply": _cmd_apply, "gate": _cmd_gate,
+             "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
