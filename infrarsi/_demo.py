@@ -1,10 +1,17 @@
-"""`infrarsi demo`: the bundled workload taken through every stage built so far.
+"""`infrarsi demo`: the bundled workload taken through all five stages.
 
-Today: init, baseline, a small `search` (knobs x patches from the contract and the
-codemod catalog, the models guiding each next run, out-of-memory candidates rescued
-with memory-saving partners, the best promoted only through `verify` with a signed
-receipt), and `audit` of the demo's own ledger (every execution re-judged from
-stored evidence).
+1. define: the workload copied to a fresh folder, made a git repository (one commit),
+   and `infrarsi init`;
+2. diagnose: `infrarsi baseline`;
+3. search: a small `search` (knobs x patches from the contract and the codemod
+   catalog, the models guiding each next run, out-of-memory candidates rescued with
+   memory-saving partners, the best promoted only through `verify` with a signed
+   receipt);
+4. report: `infrarsi audit` of the demo's own ledger (every execution re-judged from
+   stored evidence), then `infrarsi report` (Markdown and self-contained HTML);
+5. apply: `infrarsi apply` of the winner, as a branch of the demo folder's repository.
+
+Without git on the machine, stage 5 writes a patch file instead.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ def _pick_dir(requested: str | None) -> Path:
 
 
 def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> dict:
-    """Copy the bundled workload and take it through init, baseline, search and audit."""
+    """Copy the bundled workload and take it through init, baseline, search, audit, report and apply."""
     from rich.console import Console
 
     from infrarsi._baseline import BaselineFailed, baseline
@@ -58,11 +65,13 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
     folder = _pick_dir(directory)
     contract_path = copy_workload(folder)
     contract = load_contract(contract_path)
-    console.print(f"[bold]1/4 define[/]: copied the bundled workload to {folder}/ and ran `infrarsi init`")
+    repo = _git_init(folder)
+    console.print(f"[bold]1/5 define[/]: copied the bundled workload to {folder}/"
+                  + (" (a git repository, one commit)" if repo else "") + " and ran `infrarsi init`")
     result = init(contract_path)
     console.print(f"    pinned {len(result.pinned)} file(s) in a signed manifest; ledger {result.ledger}")
 
-    console.print(f"[bold]2/4 diagnose[/]: `infrarsi baseline --runs {runs}`")
+    console.print(f"[bold]2/5 diagnose[/]: `infrarsi baseline --runs {runs}`")
     report: dict = {"dir": str(folder), "ledger": str(result.ledger), "ok": False, "runs": []}
     bar = None
     if not quiet and sys.stderr.isatty():
@@ -87,15 +96,74 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3) -> di
 
     report["search"] = _search(console, contract_path, contract)
     report["audit"] = _audit(console, result.ledger)
+    report["report"] = _report(console, contract_path)
     best = (report["search"] or {}).get("best")
-    console.print("what to look at next:\n"
-                  f"  - the ledger: sqlite3 {result.ledger} 'select id, kind, status, step_time_s, "
-                  f"peak_mem_mb, detail from executions'\n"
-                  f"  - a longer search: cd {folder} && infrarsi search --budget 60\n"
-                  + (f"  - the receipt: infrarsi receipt verify {best['receipt']}" if best
-                     else "  - no receipt this time: nothing was promoted"))
+    report["apply"] = _apply(console, contract_path, best, repo)
+    lines = ["what to look at next:",
+             f"  - the report: {report['report']['html']} (open it in a browser; Markdown beside it)"]
+    if report["apply"] and report["apply"].get("branch"):
+        lines.append(f"  - the winner: git -C {folder} show --stat {report['apply']['branch']}")
+    elif report["apply"]:
+        lines.append(f"  - the winner: {report['apply']['apply_command']}")
+    lines += [f"  - the ledger: sqlite3 {result.ledger} 'select id, kind, status, step_time_s, "
+              f"peak_mem_mb, detail from executions'",
+              f"  - a longer search: cd {folder} && infrarsi search --budget 60"]
+    if best:
+        lines.append(f"  - the receipt: infrarsi receipt verify {best['receipt']}")
+    else:
+        lines.append("  - no receipt this time: nothing was promoted, so nothing was applied")
+    console.print("\n".join(lines))
     report["ok"] = True
     return report
+
+
+def _git_init(folder: Path) -> bool:
+    """Make the demo folder a git repository with the workload committed (False without git)."""
+    from infrarsi._git import GitError, git
+
+    (folder / ".gitignore").write_text(".infrarsi/\n__pycache__/\n")
+    try:
+        git(["init", "--quiet"], cwd=folder)
+        git(["add", "-A"], cwd=folder)
+        identity = [] if git(["config", "user.email"], cwd=folder, check=False).returncode == 0 else [
+            "-c", "user.name=InfraRSI demo", "-c", "user.email=infrarsi@localhost"]
+        git([*identity, "commit", "--quiet", "--no-verify", "-m", "the bundled TinyGPT workload"], cwd=folder)
+    except GitError:
+        return False
+    return True
+
+
+def _report(console, contract_path: Path) -> dict:
+    """`infrarsi report`: Markdown and one self-contained HTML page from the ledger alone."""
+    from infrarsi.report import report
+
+    console.print("    then `infrarsi report`: the baseline, every receipt with its checks and diff, "
+                  "the search's plots, every attempt and its cost")
+    outcome = report(contract_path)
+    console.print(f"    {outcome.html}\n    {outcome.markdown} (plots in {outcome.markdown.parent / 'plots'})")
+    return outcome.to_json()
+
+
+def _apply(console, contract_path: Path, best: dict | None, repo: bool) -> dict | None:
+    """`infrarsi apply` of the winner: a branch with one commit (or a patch file without git)."""
+    from infrarsi._apply import ApplyRefused, apply
+
+    if not best:
+        console.print("[bold]5/5 apply[/]: nothing promoted, nothing to apply")
+        return None
+    rid = Path(best["receipt"]).stem
+    patch_file = None if repo else contract_path.parent / ".infrarsi" / "apply" / f"{rid}.diff"
+    console.print(f"[bold]5/5 apply[/]: `infrarsi apply {rid} "
+                  + (f"--branch infrarsi/{rid}`" if repo else f"--patch-file {patch_file}` (no git here)"))
+    try:
+        outcome = apply(contract_path, receipt=rid, patch_file=patch_file)
+    except ApplyRefused as exc:
+        console.print(f"    [red]refused[/]: {exc}")
+        return {"refused": str(exc)}
+    where = (f"branch {outcome.branch} (commit {outcome.commit[:12]}; your files are untouched)" if outcome.branch
+             else f"patch file {outcome.patch_file}")
+    console.print(f"    {where}\n    launch: {outcome.launch['shell']}")
+    return outcome.to_json()
 
 
 def _search(console, contract_path: Path, contract) -> dict:
@@ -105,7 +173,7 @@ def _search(console, contract_path: Path, contract) -> dict:
     from infrarsi.search import search
     from infrarsi.search._space import atom_label
 
-    console.print(f"[bold]3/4 search[/]: `infrarsi search --budget {DEMO_BUDGET}`: knobs x patches (the contract's "
+    console.print(f"[bold]3/5 search[/]: `infrarsi search --budget {DEMO_BUDGET}`: knobs x patches (the contract's "
                   f"and the codemod catalog's), each candidate run once through the cheap checks, then the "
                   f"best by the model through `verify` ({contract.search.ab_pairs} back-to-back A/B pairs)")
     bar = None
@@ -149,7 +217,7 @@ def _audit(console, ledger: Path) -> dict:
     """`infrarsi audit` of the demo's own ledger: every execution re-judged from stored evidence."""
     from infrarsi._reaudit import audit_ledger
 
-    console.print(f"[bold]4/4 audit[/]: `infrarsi audit {ledger}`: the chain, every signature, and every "
+    console.print(f"[bold]4/5 report[/]: first `infrarsi audit {ledger}`: the chain, every signature, and every "
                   "execution re-judged from the stored evidence alone")
     audited = audit_ledger(ledger)
     console.print(f"    chain {'ok' if audited.chain_ok else '[red]BROKEN[/]'}; {audited.executions} executions, "

@@ -48,7 +48,9 @@ def best_so_far_svg(data) -> str:
     base = (data.baseline or {}).get("step_time_s", {}).get("median")
     attempts = data.attempts()
     if base:
-        xs = [n for n, r in enumerate(attempts, start=1) if r["status"] == "ok" and r.get("step_time_s")]
+        # Candidate runs only: the A/B baseline runs are the baseline measured again.
+        xs = [n for n, r in enumerate(attempts, start=1)
+              if r["status"] == "ok" and r.get("step_time_s") and r.get("kind") != "ab-baseline"]
         ys = [base / attempts[n - 1]["step_time_s"] for n in xs]
         ax.scatter(xs, ys, s=14, color="#999999", label="one run vs the baseline median (not verified)", zorder=2)
     if steps:

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infrarsi.examples.landscape import Landscape, make_workspace
 
@@ -164,3 +166,19 @@ def test_gate_judges_a_patch_file_and_rejects_untrusted_keys_and_bad_input(repo,
                          (["--base", "main", "--head", "good", "--trusted-keys", str(patch)], "line 1")]:
         done, out = _cli("gate", "--contract", "job/infrarsi.toml", *args, "--json", cwd=repo)
         assert done.returncode == 2 and needle in out["error"] and "Traceback" not in done.stderr, (args, out)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(max_size=300))
+def test_any_trusted_keys_text_gives_keys_or_a_line_numbered_error(tmp_path_factory, text):
+    from infrarsi._candidate import UsageError
+    from infrarsi._gate import _trusted_keys
+
+    path = tmp_path_factory.mktemp("keys") / "keys"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        keys = _trusted_keys(Path("."), ".", "HEAD", path)
+    except UsageError as exc:
+        assert ", line " in str(exc) and "64 lowercase hex" in str(exc)
+    else:
+        assert all(len(k) == 64 and int(k, 16) >= 0 for k in keys)

@@ -1,4 +1,4 @@
-"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline, search and audit.
+"""`infrarsi demo` end to end: the bundled TinyGPT through init, baseline, search, audit, report and apply.
 
 Real training runs in subprocesses. Single runs are noisy, so the test holds the demo
 to its rules (a best only with a verifying receipt, a clean audit), not to one winner.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from infrarsi.ledger import Ledger
 
@@ -41,6 +42,22 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     audited = report["audit"]
     assert audited["chain_ok"] is True and audited["findings"] == [], audited
     assert audited["now_rejected"] == 0
+
+    # Stage 4: the report, from the ledger alone, names the promoted receipt.
+    assert [p["receipt"] for p in report["report"]["promoted"]][0] == Path(best["receipt"]).stem
+    html = Path(report["report"]["html"]).read_text()
+    assert html.count("<svg") == 2 and Path(best["receipt"]).stem in html
+    # Stage 5: the winner as one commit on a branch of the demo's own repository.
+    applied = report["apply"]
+    rid = Path(best["receipt"]).stem
+    assert applied["receipt"] == rid and applied["branch"] == f"infrarsi/{rid}"
+    git = ["git", "-C", str(folder)]
+    count = subprocess.run(git + ["rev-list", "--count", f"HEAD..{applied['branch']}"], capture_output=True, text=True)
+    assert count.stdout.strip() == "1", count.stderr
+    message = subprocess.run(git + ["log", "-1", "--format=%B", applied["branch"]], capture_output=True, text=True)
+    assert f"InfraRSI-Receipt: {rid}" in message.stdout
+    status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout.strip() == "", status.stdout   # the demo's checkout itself is untouched
 
     manifest = json.loads((folder / ".infrarsi" / "manifest.json").read_text())
     with Ledger.open(folder / ".infrarsi" / "ledger.db") as ledger:
