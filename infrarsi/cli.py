@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("receipt", help="check a receipt: `infrarsi receipt verify R.json`")
     p.add_argument("action", choices=["verify"])
     p.add_argument("path", metavar="RECEIPT.json")
+    p.add_argument("--key", default=None, metavar="HEX",
+                   help="the public key to trust (default: the one the manifest beside the receipts folder pins)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     p = verbs.add_parser("lint", help="audit a training script's source (against its baseline with --against)")
@@ -267,11 +269,31 @@ def _usage(message: str):
 def _cmd_receipt(args) -> int:
     from infrarsi._receipt import verify_receipt
 
-    check = verify_receipt(args.path)
-    human = (f"receipt {check.receipt_id}: valid" if check.ok
+    key, source = _receipt_key(args.path, args.key)
+    check = verify_receipt(args.path, trusted_public_hex=key)
+    trust = {"--key": "the key given with --key", "manifest": "the key the manifest beside it pins",
+             "receipt": "its own key only (no manifest beside it: pass --key to pin one)"}[source]
+    human = (f"receipt {check.receipt_id}: valid, signed by {trust}" if check.ok
              else "receipt INVALID:\n" + "\n".join(f"  {p}" for p in check.problems))
-    _emit(args, check.to_json(), human)
+    _emit(args, {**check.to_json(), "trusted_key": key, "key_source": source}, human)
     return EXIT_OK if check.ok else EXIT_REJECTED
+
+
+def _receipt_key(path: str, given: str | None) -> tuple[str | None, str]:
+    """The key a receipt must be signed by: --key, else the manifest of the workspace it sits in."""
+    import re
+    from pathlib import Path
+
+    if given is not None:
+        if not re.fullmatch(r"[0-9a-f]{64}", given):
+            raise _usage(f"--key {given[:20]!r}: expected an Ed25519 public key as 64 lowercase hex digits")
+        return given, "--key"
+    from infrarsi._manifest import MANIFEST_NAME, load_manifest
+
+    manifest = Path(path).resolve().parent.parent / MANIFEST_NAME   # .infrarsi/receipts/ID.json
+    if manifest.is_file():
+        return load_manifest(manifest).public_key, "manifest"
+    return None, "receipt"
 
 
 def _cmd_lint(args) -> int:

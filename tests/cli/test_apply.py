@@ -144,3 +144,38 @@ def test_apply_without_git_or_with_a_dirty_file_explains_itself(verified, tmp_pa
     assert done.returncode == 0 and out["patch_file"].endswith(".diff") and Path(out["patch_file"]).is_file()
     subprocess.run(shlex.split(out["apply_command"]), cwd=tmp_path, check=True)
     assert (root / "switches" / "tidy.py").read_text() == "ON = True\n"
+
+
+def test_receipt_verify_pins_the_workspace_key_so_a_re_signed_forgery_fails(verified, tmp_path):
+    from infrarsi.ledger import KeyPair, canonical_json, sha256_hex
+
+    root = _copy(verified, tmp_path)
+    genuine = Path(verified[1]["receipt"]).name
+    # A self-consistent forgery: better speedup, re-signed with the forger's own key, id recomputed.
+    data = json.loads((root / ".infrarsi" / "receipts" / genuine).read_text())
+    body = data["receipt"]
+    body["speedup"]["median"] = 4.0
+    forger = KeyPair.generate()
+    body["public_key"] = forger.public_hex
+    forged = {"id": sha256_hex(canonical_json(body))[:16], "receipt": body, "signature": forger.sign(canonical_json(body))}
+    inside = root / ".infrarsi" / "receipts" / f"{forged['id']}.json"
+    inside.write_text(json.dumps(forged))
+    done, out = _cli("receipt", "verify", str(inside), "--json", cwd=root)
+    assert done.returncode == 1 and out["key_source"] == "manifest"
+    assert "signed by another key than the trusted one" in out["problems"]
+    # Away from any workspace it checks only itself, and says so; --key pins one anywhere.
+    outside = tmp_path / "loose.json"
+    outside.write_text(inside.read_text())
+    done, out = _cli("receipt", "verify", str(outside), "--json", cwd=root)
+    assert done.returncode == 0 and out["key_source"] == "receipt"
+    human = subprocess.run(CLI + ["receipt", "verify", str(outside)], cwd=root, capture_output=True, text=True,
+                           timeout=PATIENCE_S)
+    assert human.returncode == 0 and "its own key only" in human.stdout
+    manifest = json.loads((root / ".infrarsi" / "manifest.json").read_text())["manifest"]["public_key"]
+    done, out = _cli("receipt", "verify", str(outside), "--key", manifest, "--json", cwd=root)
+    assert done.returncode == 1 and out["key_source"] == "--key"
+    done, out = _cli("receipt", "verify", str(outside), "--key", "nothex", "--json", cwd=root)
+    assert done.returncode == 2 and "64 lowercase hex" in out["error"]
+    # The genuine receipt still verifies against the pinned key.
+    done, out = _cli("receipt", "verify", str(root / ".infrarsi" / "receipts" / genuine), "--json", cwd=root)
+    assert done.returncode == 0 and out["ok"], out
