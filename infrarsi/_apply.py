@@ -21,14 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infrarsi._candidate import Candidate, PatchRef, UsageError
-from infrarsi._hashing import hash_protected
+from infrarsi._hashing import RECEIPTS_DIR, hash_protected
 from infrarsi._patch import PatchParseError, parse_patch
 from infrarsi._workspace import open_workspace
 from infrarsi.ledger import sha256_hex
 
 __all__ = ["apply", "ApplyOutcome", "ApplyRefused", "RECEIPTS_DIR", "launch_command", "receipt_bundle"]
-
-RECEIPTS_DIR = "infrarsi-receipts"   # beside the contract, in the branch `apply` writes
 
 
 class ApplyRefused(Exception):
@@ -100,10 +98,13 @@ def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = Non
         if body.get("contract_sha256") != contract.sha256:
             raise ApplyRefused(f"receipt {rid}: measured under another contract than {contract.path.name} now")
         manifest = check_manifest(ws.manifest.body, ws.manifest.signature, contract.sha256, ws.ledger.public_key,
-                                  hash_protected(contract.workspace, contract.protected_globs))
+                                  manifest_files(ws))
         if not manifest.passed:
             raise ApplyRefused(f"{contract.workspace}: {manifest.detail} (`infrarsi init` pinned them); "
                                "restore them, or `init --force` and measure again")
+        if "protected_files" in body and body["protected_files"] != manifest_files(ws):
+            raise ApplyRefused(f"receipt {rid}: measured with other protected files than the workspace has now; "
+                               "verify the candidate again")
         patches = _patch_texts(ws.ledger, body, rid)
         _same_sources(contract.workspace, body, ws.ledger, rid)
         knobs = dict(body.get("knobs") or {})
@@ -134,6 +135,11 @@ def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = Non
         name = branch or f"infrarsi/{rid}"
         commit, bundle = _branch(top, contract, name, patches, raw, body, changes, launch)
         return ApplyOutcome(**common, branch=name, commit=commit, bundle=bundle)
+
+
+def manifest_files(ws) -> dict[str, str]:
+    """The protected files as they are now, hashed as `init` pins them."""
+    return hash_protected(ws.contract.workspace, ws.contract.protected_globs)
 
 
 def _pick(receipts: dict[str, bytes], wanted: str | None, trusted: str) -> bytes:
@@ -196,20 +202,24 @@ def _write_patch(target: Path, patches: list[PatchRef]) -> Path:
     return target
 
 
-def _touched(patches: list[PatchRef]) -> list[str]:
-    paths = set()
+def _touched(patches: list[PatchRef]) -> tuple[list[str], list[str]]:
+    """The paths the patches change that exist before them, and the ones they create."""
+    existing, created = set(), set()
     for p in patches:
         try:
             for change in parse_patch(p.text):
-                paths.update(x for x in (change.old, change.new) if x)
+                if change.old is not None:
+                    existing.add(change.old)
+                if change.new is not None and change.new != change.old:
+                    created.add(change.new)
         except PatchParseError as exc:
             raise ApplyRefused(f"patch {p.name}: {exc}") from None
-    return sorted(paths)
+    return sorted(existing), sorted(created - existing)
 
 
 def _branch(top: Path, contract, name: str, patches: list[PatchRef], raw: bytes, body: dict, changes: list[str],
             launch: dict) -> tuple[str, str]:
-    from infrarsi._git import GitError, git, worktree
+    from infrarsi._git import git, worktree
 
     ws = contract.workspace.resolve()
     rel = ws.relative_to(top).as_posix()
@@ -219,16 +229,21 @@ def _branch(top: Path, contract, name: str, patches: list[PatchRef], raw: bytes,
         raise UsageError(f"--branch {name!r}: the branch already exists (pick another name or delete it)")
     if git(["rev-parse", "--verify", "--quiet", "HEAD"], cwd=top, check=False).returncode != 0:
         raise UsageError(f"{top}: the repository has no commit yet; commit the workspace first")
-    touched = _touched(patches)
-    # The branch starts from HEAD: the files the candidate changes, and the contract and
-    # protected files, must be at HEAD exactly as measured (committed, unmodified).
-    watched = touched + [contract.path.name] + sorted(hash_protected(ws, contract.protected_globs))
-    status = git(["status", "--porcelain", "--untracked-files=no", "--", *watched], cwd=ws).stdout.decode()
-    untracked = [p for p in touched if git(["ls-files", "--error-unmatch", "--", p], cwd=ws, check=False).returncode]
-    if status.strip() or untracked:
-        dirty = sorted({line[3:] for line in status.splitlines()} | set(untracked))
-        raise UsageError(f"{ws}: {', '.join(dirty[:6])} differ from HEAD (uncommitted or untracked); the branch "
-                         "starts at HEAD, so commit or stash them first")
+    existing, created = _touched(patches)
+    touched = existing + created
+    # The branch starts from HEAD, so the workspace measured must be HEAD's: no tracked file
+    # changed, and the files the patches read, the contract and the protected files committed.
+    watched = existing + [contract.path.name] + sorted(hash_protected(ws, contract.protected_globs))
+    status = git(["status", "--porcelain", "--untracked-files=no", "--", "."], cwd=ws).stdout
+    dirty = {line[3:] for line in status.decode("utf-8", "surrogateescape").splitlines() if line.strip()}
+    dirty |= {p for p in watched if git(["ls-files", "--error-unmatch", "--", p], cwd=ws, check=False).returncode}
+    if dirty:
+        raise UsageError(f"{ws}: {', '.join(sorted(dirty)[:6])} differ from HEAD (uncommitted or untracked); the "
+                         "branch starts at HEAD, so commit or stash them first")
+    present = [p for p in created
+               if git(["cat-file", "-e", f"HEAD:{_repo(rel, p)}"], cwd=top, check=False).returncode == 0]
+    if present:
+        raise UsageError(f"{ws}: the candidate creates {', '.join(present[:6])}, which HEAD already has")
     rid = json.loads(raw)["id"]
     speedup = body["speedup"]
     message = (f"infrarsi: apply receipt {rid}: {speedup['median']:.3f}x "
@@ -257,7 +272,11 @@ def _branch(top: Path, contract, name: str, patches: list[PatchRef], raw: bytes,
                 git(["rm", "--quiet", "--cached", "--ignore-unmatch", "--", *gone], cwd=where)
             git([*identity, "commit", "--quiet", "--no-verify", "-m", message], cwd=where)
             commit = git(["rev-parse", "HEAD"], cwd=tree).stdout.decode().strip()
-    except GitError:
-        git(["branch", "-D", name], cwd=top, check=False)  # no half-made branch left behind
+    except BaseException:
+        git(["branch", "-D", name], cwd=top, check=False)  # no half-made branch left behind, whatever stopped it
         raise
     return commit, f"{rel}/{bundle_rel}" if rel != "." else bundle_rel
+
+
+def _repo(rel: str, local: str) -> str:
+    return local if rel == "." else f"{rel}/{local}"

@@ -21,6 +21,8 @@ def git(args: list[str], cwd: Path, input: bytes | None = None, check: bool = Tr
         done = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, env=env, timeout=120)
     except FileNotFoundError:
         raise GitError("git is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {' '.join(args[:2])}: no answer in 120 s (a lock held, or a hook waiting?)") from None
     if check and done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
         raise GitError(f"git {' '.join(args[:2])}: {message}")
@@ -30,7 +32,7 @@ def git(args: list[str], cwd: Path, input: bytes | None = None, check: bool = Tr
 def toplevel(path: Path) -> Path | None:
     """The work tree ``path`` is in, or None outside any git repository."""
     done = git(["rev-parse", "--show-toplevel"], cwd=path, check=False)
-    return Path(done.stdout.decode().strip()).resolve() if done.returncode == 0 else None
+    return Path(done.stdout.decode("utf-8", "surrogateescape").strip()).resolve() if done.returncode == 0 else None
 
 
 class worktree:

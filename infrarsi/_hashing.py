@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import re
 from pathlib import Path
 
 from infrarsi._globs import matches_any
 
-__all__ = ["file_sha256", "hash_protected", "hash_framework", "diff_hashes"]
+__all__ = ["file_sha256", "hash_protected", "hash_workspace", "hash_framework", "diff_hashes", "RECEIPTS_DIR",
+           "BUNDLE_PATH"]
 
 _SKIP_DIRS = {".infrarsi", ".git", "__pycache__"}
+
+RECEIPTS_DIR = "infrarsi-receipts"   # beside the contract, in the branch `infrarsi apply` writes
+# A receipt bundle as `apply` commits it (its id is the file name): evidence, not code.
+BUNDLE_PATH = re.compile(r"^infrarsi-receipts/[0-9a-f]{16}\.json$")
 
 
 def file_sha256(path: Path) -> str:
@@ -22,8 +29,13 @@ def file_sha256(path: Path) -> str:
 
 
 def _files(root: Path):
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not _SKIP_DIRS.intersection(path.relative_to(root).parts):
+    """Files under ``root``, sorted, without descending into the folders of ``_SKIP_DIRS``."""
+    found = []
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        found += [Path(folder) / name for name in names]
+    for path in sorted(found):
+        if path.is_file():
             yield path
 
 
@@ -31,6 +43,16 @@ def hash_protected(root: Path, globs) -> dict[str, str]:
     """``{relative path: sha256}`` of every file under ``root`` matched by ``globs``."""
     return {p.relative_to(root).as_posix(): file_sha256(p)
             for p in _files(root) if matches_any(p.relative_to(root).as_posix(), globs)}
+
+
+def hash_workspace(root: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file the sandbox copies (no caches, no receipt bundles)."""
+    out = {}
+    for path in _files(root):
+        rel = path.relative_to(root).as_posix()
+        if path.suffix != ".pyc" and not BUNDLE_PATH.match(rel):
+            out[rel] = file_sha256(path)
+    return out
 
 
 def hash_framework() -> dict[str, str]:

@@ -16,6 +16,7 @@ RECEIPT_VERSION = 1
 def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
                   baseline_summary) -> Path:
     """Sign and write ``.infrarsi/receipts/<id>.json`` (and keep a copy in the ledger); returns its path."""
+    from infrarsi._hashing import hash_workspace
     from infrarsi._sources import pre_images
     from infrarsi._verify import VERDICT_VERSION, required_checks
 
@@ -30,6 +31,8 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         "sources": {path: sha256_hex(data) for path, data in
                     sorted(pre_images(ws.contract.workspace, candidate.patches).items())},
         "protected_files": ws.manifest.files,
+        # Every file of the workspace as measured, so `gate` can tell a stale receipt from a fresh one.
+        "workspace_files": hash_workspace(ws.contract.workspace),
         "knobs": dict(candidate.knobs),
         "environment": fingerprint,
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],

@@ -4,6 +4,7 @@ self-contained HTML page (plots inline, styles inline, no script, nothing fetche
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 
 __all__ = ["Document"]
@@ -52,11 +53,11 @@ class Document:
         return {b[1]: b[3] for b in self.blocks if b[0] == "plot"}
 
     def markdown(self, plot_dir: str) -> str:
-        out = [f"# {self.title}", ""]
+        out = [f"# {_one_line(self.title)}", ""]
         for block in self.blocks:
             kind = block[0]
             if kind == "h":
-                out += ["#" * block[1] + " " + block[2], ""]
+                out += ["#" * block[1] + " " + _one_line(block[2]), ""]
             elif kind == "p":
                 out += [block[1], ""]
             elif kind == "ul":
@@ -67,7 +68,7 @@ class Document:
                 out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block[2]]
                 out.append("")
             elif kind == "code":
-                fence = "~~~~" if "```" in block[2] else "```"
+                fence = _fence(block[2])
                 out += [fence + block[1], block[2].rstrip("\n"), fence, ""]
             elif kind == "plot":
                 out += [f"![{block[2]}]({plot_dir}/{block[1]})", ""]
@@ -122,6 +123,17 @@ def _td(cell: str) -> str:
     if cell in ("pass", "fail", "unchecked", "skipped"):
         return f'<td class="{cell}">{cell}</td>'
     return f"<td>{_inline(cell)}</td>"
+
+
+def _one_line(text: str) -> str:
+    """A heading stays one line whatever a contract's name holds."""
+    return " ".join(text.split())
+
+
+def _fence(text: str) -> str:
+    """A backtick fence longer than any run of backticks in ``text``, so a diff cannot close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def _md_cell(text: str) -> str:

@@ -179,3 +179,33 @@ def test_receipt_verify_pins_the_workspace_key_so_a_re_signed_forgery_fails(veri
     # The genuine receipt still verifies against the pinned key.
     done, out = _cli("receipt", "verify", str(root / ".infrarsi" / "receipts" / genuine), "--json", cwd=root)
     assert done.returncode == 0 and out["ok"], out
+
+
+def test_apply_carries_new_files_and_refuses_a_dirty_workspace(verified, tmp_path):
+    root = _copy(verified, tmp_path)
+    patch = tmp_path / "tidy-and-notes.diff"
+    patch.write_text((root / "patches" / "tidy.diff").read_text() + (
+        "diff --git a/switches/notes.py b/switches/notes.py\n"
+        "new file mode 100644\n"
+        "--- /dev/null\n"
+        "+++ b/switches/notes.py\n"
+        "@@ -0,0 +1 @@\n"
+        "+ON = False\n"))
+    done, out = _cli("verify", "--patch", str(patch), "--json", cwd=root)
+    assert done.returncode == 0 and out["accepted"], (done.stderr, out)
+    rid = Path(out["receipt"]).stem
+    # Any tracked file changed in the workspace: the branch (made from HEAD) is not what was measured.
+    (root / "README.txt").write_text("notes\n")
+    _git("add", "README.txt", cwd=root)
+    _git("commit", "-q", "-m", "readme", cwd=root)
+    (root / "README.txt").write_text("notes, edited\n")
+    done, out = _cli("apply", rid, "--json", cwd=root)
+    assert done.returncode == 2 and "README.txt differ from HEAD" in out["error"], out
+    _git("checkout", "--", "README.txt", cwd=root)
+    # A patch that creates a file: the file is in the branch's one commit.
+    done, out = _cli("apply", rid, "--branch", "with-notes", "--json", cwd=root)
+    assert done.returncode == 0, (done.stderr, out)
+    files = _git("diff", "--name-only", "main", "with-notes", cwd=root).split()
+    assert sorted(files) == [f"job/infrarsi-receipts/{rid}.json", "job/switches/notes.py", "job/switches/tidy.py"]
+    assert _git("show", "with-notes:job/switches/notes.py", cwd=root) == "ON = False\n"
+    assert not (root / "switches" / "notes.py").exists()   # the checkout is left alone

@@ -115,6 +115,7 @@ def test_a_cheating_pull_request_fails_even_with_a_borrowed_receipt(repo, tmp_pa
     # A forged receipt (a better speedup written into the good one) does not verify at all.
     forged = json.loads(json.dumps(bundle))
     forged["receipt"]["speedup"]["median"] = 3.0
+    forged["receipt"]["knobs"] = {"no-such-knob": "1"}   # never taken as launch settings for the rerun
 
     def forge(job: Path) -> None:
         _git("apply", "--directory=job", "job/patches/tidy.diff", cwd=job.parent)
@@ -126,7 +127,7 @@ def test_a_cheating_pull_request_fails_even_with_a_borrowed_receipt(repo, tmp_pa
                      "--out", str(tmp_path), "--json", cwd=repo)
     assert out["mode"] == "rerun" and any("does not verify" in n for n in out["notes"]), out["notes"]
     # Measured here, the real change still earns its own receipt, at its real speed.
-    assert done.returncode == 0 and out["passed"] and out["speedup"]["median"] < 2.5
+    assert done.returncode == 0 and out["passed"] and out["speedup"]["median"] < 2.5 and out["knobs"] == {}
     assert Path(out["receipt_path"]).is_file() and Path(out["receipt_path"]).parent == tmp_path
 
 
@@ -182,3 +183,70 @@ def test_any_trusted_keys_text_gives_keys_or_a_line_numbered_error(tmp_path_fact
         assert ", line " in str(exc) and "64 lowercase hex" in str(exc)
     else:
         assert all(len(k) == 64 and int(k, 16) >= 0 for k in keys)
+
+
+def test_files_beside_the_receipts_and_a_moved_base_are_code_to_measure(repo, tmp_path):
+    """Only `infrarsi-receipts/<id>.json` holding receipt <id> is evidence; a stale receipt is not enough."""
+    def smuggle(job: Path) -> None:
+        (job / "infrarsi-receipts" / "helper.py").write_text("import os\n")
+
+    _git("switch", "-q", "-c", "smuggle", "good", cwd=repo)
+    try:
+        smuggle(repo / "job")
+        _git("add", "-A", cwd=repo)
+        _git("commit", "-q", "-m", "tidy, and a helper", cwd=repo)
+    finally:
+        _git("switch", "-q", "main", cwd=repo)
+    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "smuggle",
+                     "--out", str(tmp_path), "--json", cwd=repo)
+    assert done.returncode == 1 and out["mode"] == "rerun", (done.stderr, out)
+    assert "infrarsi-receipts/helper.py" in out["changed"]
+    assert any("not the receipt's patch" in n and "helper.py" in n for n in out["notes"]), out["notes"]
+    status = {c["id"]: c["status"] for c in out["checks"]}
+    assert status["scope.created"] == "fail", out["checks"]
+
+    # The base moved on after the receipt was made: the same patch on other code needs measuring again.
+    _branch(repo, "moved", lambda job: (job / "NOTES.md").write_text("a file the receipt never saw\n"), "notes")
+    _git("switch", "-q", "-c", "good-on-moved", "moved", cwd=repo)
+    try:
+        _git("cherry-pick", "good", cwd=repo)
+    finally:
+        _git("switch", "-q", "main", cwd=repo)
+    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "moved", "--head", "good-on-moved",
+                     "--out", str(tmp_path), "--json", cwd=repo)
+    assert out["mode"] == "rerun" and out["changed"] == ["switches/tidy.py"], out
+    assert any("NOTES.md is in the base but was not in the workspace the receipt measured" in n
+               for n in out["notes"]), out["notes"]
+    assert done.returncode == 0 and out["passed"]   # measured here, it is still a real speedup
+
+
+def test_contract_trusted_keys_symlinks_and_outside_changes_fail_without_a_run(repo, tmp_path):
+    edits = {
+        "edit-contract": (lambda job: (job / "infrarsi.toml").write_text(
+            (job / "infrarsi.toml").read_text() + "# looser, later\n"), "edits infrarsi.toml"),
+        "edit-keys": (lambda job: (job / "infrarsi-trusted-keys").write_text("ab" * 32 + "\n"),
+                      "edits infrarsi-trusted-keys"),
+        "link": (lambda job: os.symlink("tidy.py", job / "switches" / "fast.py"), "symbolic link"),
+        "outside": (lambda job: (job.parent / "setup.cfg").write_text("[x]\n"), "outside the workspace"),
+    }
+    for name, (edit, needle) in edits.items():
+        _branch(repo, name, edit, name)
+        done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", name,
+                         "--out", str(tmp_path), "--json", cwd=repo)
+        assert done.returncode == 1 and out["mode"] == "none" and not out["checks"], (name, out)
+        assert any(needle in n for n in out["notes"]), (name, out["notes"])
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_summary_stays_well_formed_whatever_the_names():
+    from infrarsi._gate import GateOutcome
+
+    outcome = GateOutcome(False, "none", "a" * 40, "b" * 40, ["x`y.py", "two\nlines.py", "a|b.py"],
+                          launch={"threads": "2"},
+                          checks=[{"id": "stats.speedup", "status": "fail", "detail": "1.0x | no\ngain"}],
+                          notes=["``` a fence\n## and a heading"])
+    text = outcome.markdown()
+    assert "x'y.py" in text and "two lines.py" in text and "a/b.py" in text
+    assert "\n## and" not in text and "```" not in text
+    assert "| stats.speedup | fail | 1.0x / no gain |" in text
+    assert "needs these launch settings" in text and "`threads=2`" in text

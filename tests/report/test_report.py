@@ -196,3 +196,18 @@ def test_document_text_never_escapes_into_markup(text, cells):
                     "strong", "body", "html"}
     md = doc.markdown("plots")
     assert md.endswith("\n")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="`~\n ab", max_size=40), st.text(max_size=30))
+def test_a_code_block_keeps_its_text_inside_the_fence(code, title):
+    doc = Document(title)
+    doc.heading(title)
+    doc.code(code)
+    lines = doc.markdown("plots").split("\n")
+    assert lines[0].startswith("# ") and lines[1] == ""   # the title stays one line
+    opener = next(i for i, line in enumerate(lines) if line.startswith("```"))
+    fence = lines[opener]
+    closer = next(i for i in range(opener + 1, len(lines)) if lines[i].lstrip(" ").startswith(fence))
+    # The block closes where the document closes it: after every line of the code.
+    assert lines[opener + 1:closer] == code.rstrip("\n").split("\n")
