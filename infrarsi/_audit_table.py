@@ -19,6 +19,8 @@ def _lines(report) -> list[str]:
            f"  sources: {report.rejudged} judged afresh, {report.reused} stored by today's exact rules",
            f"  receipts checked {report.receipts['checked']}, bad {len(report.receipts['bad'])}"]
     out += [f"  chain: {line}" for line in report.chain]
+    out += [f"  incomplete: verify batch {b['batch']} (execution {b['execution']}) stopped after {b['runs']} of "
+            f"{b['planned']} planned runs; it decided nothing and claims nothing" for b in report.incomplete]
     return out
 
 

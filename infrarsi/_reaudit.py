@@ -50,6 +50,7 @@ class AuditReport:
     trusted_key: str | None = None
     reused: int = 0       # source verdicts taken as stored: given by today's exact rule code
     rejudged: int = 0     # distinct sources judged afresh
+    incomplete: list[dict] = field(default_factory=list)  # verify batches cut short: they claim nothing
 
     @property
     def clean(self) -> bool:
@@ -64,7 +65,8 @@ class AuditReport:
                 "findings": self.findings, "changed": self.changed, "rule_version": VERDICT_VERSION,
                 "by_check": {k: dict(v) for k, v in sorted(self.by_check.items())},
                 "by_status": dict(self.by_status), "receipts": self.receipts, "trusted_key": self.trusted_key,
-                "sources": {"reused": self.reused, "rejudged": self.rejudged}}
+                "sources": {"reused": self.reused, "rejudged": self.rejudged},
+                "incomplete_batches": self.incomplete}
 
 
 def _trusted_key(ledger_path: Path, key: str | None) -> tuple[str | None, str | None]:
@@ -117,11 +119,15 @@ class _Batches:
     the current batch is held.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ev: Evidence) -> None:
+        self.ev = ev
+        self.incomplete: list[dict] = []
         self._start(None)
 
     def _start(self, batch: str | None) -> None:
         self.batch, self.anchor, self.contract = batch, None, None
+        self.planned: int | None = None
+        self.rows, self.decided = 0, False
         self.times: dict[str, list[float]] = {"ab-baseline": [], "ab-candidate": []}
 
     def add(self, row: dict, contract) -> list[tuple[int, CheckResult]]:
@@ -131,17 +137,38 @@ class _Batches:
             self._start(row.get("batch"))
         if row.get("kind") == "verify":
             self.anchor, self.contract = row["id"], contract
+            self.planned = _planned_runs(self.ev, row)
         elif row.get("kind") in self.times and row.get("step_time_s") is not None:
             self.times[row["kind"]].append(row["step_time_s"])
+        if self.anchor is not None:
+            self.rows += 1
+            cut = row["status"] == "crash" and str(row.get("detail") or "").startswith("interrupted")
+            self.decided |= row["status"] != "ok" and not cut
         return done
 
     def flush(self) -> list[tuple[int, CheckResult]]:
+        if self.planned and self.rows < self.planned and not self.decided:
+            # Cut short with every run so far passing: a verify that never decided, which
+            # claims nothing (no receipt is written before the last pair).
+            self.incomplete.append({"batch": self.batch, "execution": self.anchor, "runs": self.rows,
+                                    "planned": self.planned})
         base, cand = self.times["ab-baseline"], self.times["ab-candidate"]
         if self.anchor is None or not base or not isinstance(self.contract, Contract):
             return []
         pairs = min(len(base), len(cand))
         check, _ = check_speedup(base[:pairs], cand[:pairs], float(self.contract.search.min_speedup), pairs)
         return [(self.anchor, check)]
+
+
+def _planned_runs(ev: Evidence, row: dict) -> int | None:
+    """The runs a verify batch planned (1 + 2 x A/B pairs), from its candidate row's evidence."""
+    stored = ev.blob(row.get("evidence_hash"))
+    try:
+        plan = json.loads(stored).get("plan") if stored else None
+    except (ValueError, AttributeError):
+        return None
+    runs = plan.get("runs") if isinstance(plan, dict) else None
+    return runs if isinstance(runs, int) and runs > 0 else None
 
 
 def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = None, trusted_key: str | None = None,
@@ -171,7 +198,7 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
         ev = Evidence(ledger, override, path.parent.parent)
         sources = SourceJudge(ev, workers if workers is not None else (os.cpu_count() or 1))
         total = ledger.count()
-        batches = _Batches()
+        batches = _Batches(ev)
         try:
             for chunk in _chunks(ledger.executions(), _CHUNK):
                 judged = [(row, ev.contract(row.get("contract_hash"))) for row in chunk]
@@ -196,6 +223,7 @@ def audit_ledger(ledger_path: str | Path, contract_path: str | Path | None = Non
         finally:
             sources.close()
             report.reused, report.rejudged = sources.reused, sources.rejudged
+            report.incomplete = batches.incomplete
     return report
 
 

@@ -142,6 +142,11 @@ class _Verification:
             self.progress(self.done, self.total, result)
 
     def _record(self, result: ExecutionResult, kind: str, checks: list[CheckResult]) -> int:
+        # The batch's plan, in the (chained) evidence of every row that ran: a batch cut short
+        # (SIGKILL, a lost machine) then shows as fewer rows than planned, not as a finished
+        # verify. A row stopped before running has no evidence, and ends its batch by verdict.
+        if result.evidence:
+            result.evidence = {**result.evidence, "plan": {"runs": self.total, "ab_pairs": self.pairs}}
         execution = self.ws.record(result, kind=kind, batch=self.batch, seq=self.seq,
                                    verdicts=[c.to_json() for c in checks], rule_version=VERDICT_VERSION,
                                    baseline_id=self.baseline_id)

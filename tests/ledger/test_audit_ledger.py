@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,36 @@ def test_a_ledger_written_by_verify_audits_clean(verified):
     checks = out["by_check"]
     assert {"numerics.loss", "timing.clock", "audit.timing_boundary", "scope.editable"} <= set(checks)
     assert all(set(counts) == {"pass"} for counts in checks.values()), checks
+    assert out["incomplete_batches"] == [], "a --pairs 0 verify planned one run and ran it"
+
+
+def test_a_verify_killed_before_its_pairs_end_shows_as_incomplete(verified, tmp_path):
+    """SIGKILL of `verify` after its candidate run: the batch's plan (in the chained evidence)
+    says more runs were due, so the audit names it as a verify that decided nothing."""
+    folder = tmp_path / "tinygpt"
+    shutil.copytree(verified, folder)
+    db = folder / ".infrarsi" / "ledger.db"
+    proc = subprocess.Popen([sys.executable, "-m", "infrarsi.cli", "verify", "--contract", str(folder / "infrarsi.toml"),
+                             "--set", "attention=sdpa", "--patch", "batched-heads", "--pairs", "1", "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                if conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0] > 3:
+                    break
+            time.sleep(0.1)
+        assert proc.poll() is None, ("verify ended before it could be cut", proc.stderr.read())
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    rc, out, err = _cli(str(db), "--json")
+    assert rc == 0 and out["chain_ok"], (out, err)
+    [cut] = out["incomplete_batches"]
+    assert cut["planned"] == 3 and 1 <= cut["runs"] < 3, cut
+    rc, text, _ = _cli(str(db))
+    assert f"stopped after {cut['runs']} of 3 planned runs" in text
 
 
 def test_a_tighter_contract_rejects_the_stored_acceptance_by_numerics_only(verified):
