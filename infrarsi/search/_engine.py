@@ -14,7 +14,6 @@ ends, under the search's batch names, so ``--resume`` rebuilds the state from it
 from __future__ import annotations
 
 import json
-import math
 import random
 import uuid
 from pathlib import Path
@@ -24,16 +23,18 @@ import numpy as np
 
 from infrarsi._candidate import Candidate, PatchRef, UsageError
 from infrarsi._patch import PatchParseError
-from infrarsi._runner import ExecutionResult
 from infrarsi._sandbox import PatchRejected
-from infrarsi._sources import changed_sources, pre_images
+from infrarsi._sources import changed_sources
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.search._journal import Journal, JournalledExecutor
 from infrarsi.search._models import MemoryModel, SpeedModel, expected_improvement
-from infrarsi.search._proposers import ContractProposer, Proposal, ProposalContext, Proposer, editable_sources
-from infrarsi.search._screening import default_proposers, failing_checks, screen
+from infrarsi.search._proposers import Proposer
+from infrarsi.search._screening import failing_checks
+from infrarsi.search._promoting import Promoting
+from infrarsi.search._proposing import Proposing
+from infrarsi.search._resuming import Resuming
 from infrarsi.search._space import Point, Space
-from infrarsi.search._state import (INTERRUPTED, Observation, SearchOutcome, SearchState, exploration_budget,
+from infrarsi.search._state import (Observation, SearchOutcome, SearchState, exploration_budget,
                                     promotion_cost)
 
 __all__ = ["search", "SearchOutcome", "Observation", "SearchState", "promotion_cost", "exploration_budget"]
@@ -45,7 +46,10 @@ RESCUE_DEPTH = 1             # a partner that ran out of memory too gets one mor
 
 # -- the driver -----------------------------------------------------------------------------
 
-class _Search:
+class _Search(Proposing, Resuming, Promoting):
+    """One search: starts, exploration and partner rescue here; proposals, resume and
+    promotion in the mixins of `_proposing`, `_resuming` and `_promoting`."""
+
     def __init__(self, ws: Workspace, stored_baseline: dict, state_meta: dict, resumed: bool,
                  proposers: list[Proposer] | None, pack: dict | None,
                  progress: Callable[[str, int, int, str], None] | None) -> None:
@@ -93,138 +97,6 @@ class _Search:
     def _tick(self, phase: str, last: str = "") -> None:
         if self.progress:
             self.progress(phase, self.launched(), self.meta["budget"], last)
-
-    # -- proposals ----------------------------------------------------------------------------
-
-    def gather(self) -> None:
-        """Ask the proposers once per search, then screen what they proposed.
-
-        The raw proposals are saved before screening and the screened ones after, both in
-        the order they came (so a resume, which asks no LLM again, sees the same space).
-        """
-        if "raw_proposals" not in self.meta:
-            self.meta["raw_proposals"] = [[p.patch.name, p.patch.text, p.origin, p.llm_tokens, p.llm_cost]
-                                          for p in self._ask()]
-            self._save()
-        if "proposals" not in self.meta:
-            accepted: list[list[str]] = []
-            names, texts = set(), set()
-            for name, text, origin, tokens, cost in self.meta["raw_proposals"]:
-                if text in texts:
-                    continue
-                texts.add(text)
-                if name in names:
-                    self.messages.append(f"proposal {name} ({origin}): a patch of that name is already in; skipped")
-                    continue
-                patch = PatchRef(name, text)
-                if origin != "contract" and not self._screened_in(patch, tokens, cost):
-                    continue
-                names.add(name)
-                accepted.append([name, text, origin])
-            self.meta["proposals"] = accepted
-            self._save()
-        for name, text, origin in self.meta["proposals"]:
-            self.patches[name] = PatchRef(name, text)
-            self.origins[name] = origin
-            self.space.add_patch(name)
-        self.state.baseline.point = self.space.baseline()
-        if self.pack:
-            from infrarsi.search._pack import prior_runs
-
-            self.state.priors = prior_runs(self.pack, self.space, self.state.baseline.step_time_s,
-                                           self.meta.get("pack_aliases"))
-
-    def _ask(self) -> list[Proposal]:
-        context = ProposalContext(self.ws.contract.workspace, self.ws.contract,
-                                  editable_sources(self.ws.contract), dict(self.summary))
-        found: list[Proposal] = []
-        proposers = self._proposers if self._proposers is not None else default_proposers(self.ws, self.messages)
-        for proposer in proposers:
-            name = getattr(proposer, "name", type(proposer).__name__)
-            try:
-                proposed = list(proposer.propose(context))
-            except Exception as exc:  # a proposer is outside code: its failure is a message, not a crash
-                self.messages.append(f"proposer {name} failed: {type(exc).__name__}: {exc}")
-                continue
-            trusted = isinstance(proposer, ContractProposer)  # only the contract's own patches skip screening
-            for proposal in proposed:
-                # Text from outside (an LLM, a pack) may hold what UTF-8 cannot: replaced, not fatal.
-                text = str(proposal.patch.text).encode("utf-8", "replace").decode("utf-8")
-                found.append(Proposal(PatchRef(str(proposal.patch.name), text), "contract" if trusted
-                                      else (proposal.origin if proposal.origin != "contract" else name),
-                                      proposal.rationale, int(proposal.llm_tokens), float(proposal.llm_cost)))
-        if self.pack:
-            from infrarsi.search._pack import pack_patches
-
-            by_text = {p.patch.text: p.patch.name for p in found}
-            aliases = {}
-            for name, text in pack_patches(self.pack).items():
-                text = text.encode("utf-8", "replace").decode("utf-8")
-                if text in by_text:   # the same patch under this search's own name
-                    aliases[name] = by_text[text]
-                else:
-                    found.append(Proposal(PatchRef(name, text), "pack", "used by a verified finding of the pack"))
-            self.meta["pack_aliases"] = aliases
-        return found
-
-    def _screened_in(self, patch: PatchRef, tokens: int, cost: float) -> bool:
-        """Screen one proposal and record the screening (with the LLM tokens it took) as a row."""
-        checks = screen(self.ws, patch)
-        failed = [c for c in checks if not c.passed]
-        detail = ("proposal rejected: " + "; ".join(f"{c.id}: {c.detail}" for c in failed) if failed
-                  else "proposal screened in (scope and audit pass); its runs are separate executions")
-        try:
-            sources = pre_images(self.ws.contract.workspace, (patch,))
-        except (OSError, ValueError):
-            sources = {}
-        result = ExecutionResult(Candidate(knobs=self.ws.contract.baseline_knobs(), patches=(patch,)),
-                                 "rejected" if failed else "ok", detail=detail, sources=sources)
-        self.ws.record(result, kind="proposal", batch=self.batch + "-proposals",
-                       verdicts=[c.to_json() for c in checks], llm_tokens=tokens, llm_cost=cost)
-        return not failed
-
-    # -- replay (resume) ----------------------------------------------------------------------
-
-    def replay(self) -> None:
-        """Rebuild observations from this search's rows; record an execution a SIGKILL cut off."""
-        entry = self.journal.read()
-        if entry is not None:
-            recorded = any(r["id"] > entry["rows_before"] and r.get("batch") == entry["batch"] for r in self._rows())
-            if not recorded:
-                device_s = max(0.0, entry["alive"] - entry["started"])
-                patches = tuple(self.patches[p] for p in entry["patches"] if p in self.patches)
-                cut = ExecutionResult(Candidate(knobs=entry["knobs"], patches=patches), "crash",
-                                      detail=f"{INTERRUPTED}: the search was killed while this execution ran "
-                                             f"(at least {device_s:.1f} s); recorded on resume",
-                                      device_s=device_s, wall_s=device_s,
-                                      sources=pre_images(self.ws.contract.workspace, patches))
-                self.ws.record(cut, kind=self._cut_kind(entry), batch=entry["batch"], seq=0,
-                               baseline_id=self.baseline_id)
-                self.messages.append(f"recorded the execution the kill cut off ({device_s:.1f} s) as crash")
-            self.journal.path.unlink(missing_ok=True)
-        for row in self._rows():
-            if row.get("batch") != self.batch:
-                continue
-            point = self.space.point(row.get("knobs") or {}, [p["name"] for p in row.get("patches") or []])
-            status = row["status"]
-            if status == "crash" and str(row.get("detail", "")).startswith(INTERRUPTED):
-                status = INTERRUPTED
-            obs = Observation(point, status, row.get("step_time_s"), row.get("peak_mem_mb"), row["id"],
-                              "resumed", row.get("detail") or "", row.get("device_s") or 0.0)
-            self.state.add(obs, failing_checks(row))
-            if status != INTERRUPTED:
-                self._remember(obs, self.meta.get("origins", {}).get(str(row["id"]), "resumed"))
-        self.state.rescued = list(self.meta.get("rescued", []))
-
-    def _cut_kind(self, entry: dict) -> str:
-        """What the cut execution was: an exploration run, or which run of a promotion."""
-        if entry["batch"] == self.batch:
-            return "search"
-        earlier = sum(1 for r in self._rows() if r.get("batch") == entry["batch"] and r["id"] <= entry["rows_before"])
-        if earlier == 0:
-            return "verify"
-        baseline = entry["knobs"] == self.ws.contract.baseline_knobs() and not entry["patches"]
-        return "ab-baseline" if baseline else "ab-candidate"
 
     # -- choosing -------------------------------------------------------------------------------
 
@@ -423,90 +295,6 @@ class _Search:
             self._rescue(obs, exploration, depth + 1)
 
     # -- promotion ------------------------------------------------------------------------------
-
-    def ranked(self) -> list[Point]:
-        """Candidates ran once and passed, best posterior step time first, each faster than the baseline."""
-        ok = [o for o in self.state.observations if o.status == "ok" and o.step_time_s]
-        if not ok:
-            return []
-        speed = self.state.speed_model()
-        points = list(dict.fromkeys(o.point for o in ok))
-        mean, _ = speed.predict(points)
-        measured = {o.point: o.step_time_s for o in ok}
-        base = self.state.baseline.step_time_s
-        min_speedup = float(self.ws.contract.search.min_speedup)
-        order = np.argsort(mean, kind="stable")
-        return [points[i] for i in order if base / measured[points[i]] >= min_speedup and mean[i] < math.log(base)]
-
-    def promote(self, budget: int) -> None:
-        from infrarsi._verify import _Verification
-
-        contract = self.ws.contract
-        cost = promotion_cost(contract.search.ab_pairs)
-        done = self._settle_promotions()
-        for point in self.ranked():
-            if len([a for a in self.attempts if a["accepted"]]) >= contract.search.promote_top:
-                break
-            key = point.key()
-            if key in done:
-                continue
-            if budget - self.launched() < cost:
-                self.messages.append(f"budget left ({budget - self.launched()}) is less than one promotion ({cost})")
-                break
-            n = len(self.meta.setdefault("promotions", []))
-            batch = f"{self.batch}-verify-{n}"
-            entry = {"key": key, "batch": batch, "finished": False, **point.describe()}
-            self.meta["promotions"].append(entry)
-            self._save()
-            self.executor.batch = batch
-            self.ws.executor, inner = self.executor, self.ws.executor
-
-            def tick(done_runs, total, result):
-                self._tick("promote", f"verify {' '.join(point.describe()['patches']) or 'knobs'}: "
-                                      f"{done_runs}/{total}")
-
-            try:
-                outcome = _Verification(self.ws, self._candidate(point), {"summary": self.summary,
-                                        "id": self.baseline_id}, contract.search.ab_pairs, tick, batch=batch).run()
-            finally:
-                self.journal.clear()
-                self.ws.executor = inner
-            entry.update(finished=True, accepted=outcome.accepted, speedup=outcome.speedup,
-                         receipt=str(outcome.receipt) if outcome.receipt else None,
-                         failed=[c.id for c in outcome.checks if c.status in ("fail", "unchecked")])
-            self._save()
-            self.attempts.append(entry)
-            done.add(key)
-
-    def _settle_promotions(self) -> set[str]:
-        """Promotions begun before a resume: finished ones count again (accepted only if their
-        receipt still verifies); one a kill cut after its receipt was written is finished from it."""
-        from infrarsi._receipt import verify_receipt
-
-        done: set[str] = set()
-        receipts = sorted((self.ws.contract.state_dir / "receipts").glob("*.json"))
-        for entry in self.meta.get("promotions", []):
-            if not entry.get("finished"):
-                ids = {r["id"] for r in self._rows() if r.get("batch") == entry["batch"]}
-                for path in receipts:
-                    try:
-                        body = json.loads(path.read_text())["receipt"]
-                    except (OSError, ValueError, KeyError, TypeError):
-                        continue
-                    if ids and set(body.get("executions", [])) <= ids:
-                        entry.update(finished=True, accepted=True, speedup=body.get("speedup"), receipt=str(path),
-                                     failed=[])
-                        break
-                else:
-                    entry["abandoned"] = True   # cut by a kill: re-run whole, in a new batch, if still ranked
-                    continue
-            if entry.get("accepted") and not (entry.get("receipt") and verify_receipt(entry["receipt"], self.ws.key.public_hex).ok):
-                entry.update(accepted=False, failed=["receipt: missing or does not verify"])
-            self.attempts.append(entry)
-            done.add(entry["key"])
-        self._save()
-        return done
-
     # -- the whole search -------------------------------------------------------------------------
 
     def run(self, promote: bool = True) -> SearchOutcome:
