@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._candidate import Candidate, PatchRef, UsageError
+from infrarsi._candidate import PatchRef, UsageError
 from infrarsi._hashing import RECEIPTS_DIR, hash_protected
 from infrarsi._patch import PatchParseError, parse_patch
 from infrarsi._workspace import open_workspace

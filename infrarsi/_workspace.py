@@ -5,7 +5,6 @@ Only the driver writes the ledger; each execution is recorded the moment it ends
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
@@ -181,4 +180,3 @@ def run(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[str,
         execution, result = ws.execute(candidate, kind="run", batch=uuid.uuid4().hex)
     return RunOutcome(execution, result.status, result.step_time_s, result.peak_mem_mb, result.detail,
                       candidate.describe())
-

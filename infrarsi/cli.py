@@ -19,6 +19,7 @@ EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
 class _Parser(argparse.ArgumentParser):
     argv: list[str] = []  # what main() was given, for --json on argparse's own errors
+
     def error(self, message: str) -> None:  # argparse's own errors exit 2 too, without a traceback
         if "--json" in _Parser.argv:
             print(json.dumps({"error": message, "exit_code": EXIT_USAGE}, sort_keys=True))

@@ -33,6 +33,7 @@ class Codemod:
     rewrite: Callable[[cst.Module], cst.Module]  # returns the module unchanged where nothing matches
 
     def transform(self, source: str) -> str | None:
+        """The rewritten text; None where it does not parse or nothing changes."""
         try:
             module = cst.parse_module(source)
         except (cst.ParserSyntaxError, RecursionError):
@@ -92,6 +93,7 @@ class CatalogProposer:
         self.codemods = codemods
 
     def propose(self, context: ProposalContext) -> list[Proposal]:
+        """The proposals for this workspace's editable files, in catalog order."""
         out = []
         for codemod in self.codemods:
             diffs = []

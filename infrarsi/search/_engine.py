@@ -89,6 +89,7 @@ class _Search(Proposing, Resuming, Promoting):
         return self._cache[1]
 
     def launched(self) -> int:
+        """Executions this search has launched so far (proposals recorded for their cost are not runs)."""
         return sum(1 for r in self._rows() if r.get("kind") != "proposal")
 
     def _candidate(self, point: Point) -> Candidate:
@@ -191,6 +192,7 @@ class _Search(Proposing, Resuming, Promoting):
     # -- running ------------------------------------------------------------------------------
 
     def explore_one(self, point: Point, origin: str) -> Observation:
+        """Run ``point`` once against the stored baseline, record it, and learn from the outcome."""
         from infrarsi._verify import _Verification
 
         self.executor.batch = self.batch
@@ -220,6 +222,7 @@ class _Search(Proposing, Resuming, Promoting):
         return speedup
 
     def explore(self, exploration: int) -> None:
+        """Explore until ``exploration`` executions are launched or nothing is left worth trying."""
         starts = self.starts()
         incumbents = [p for p, _ in starts]
         for point, origin in starts:
@@ -294,10 +297,10 @@ class _Search(Proposing, Resuming, Promoting):
         elif obs.status == "oom" and depth < RESCUE_DEPTH and self.launched() < exploration:
             self._rescue(obs, exploration, depth + 1)
 
-    # -- promotion ------------------------------------------------------------------------------
     # -- the whole search -------------------------------------------------------------------------
 
     def run(self, promote: bool = True) -> SearchOutcome:
+        """The whole search: gather proposals, replay a resumed ledger, explore, then promote."""
         contract = self.ws.contract
         budget = self.meta["budget"]
         exploration = budget
@@ -319,6 +322,7 @@ class _Search(Proposing, Resuming, Promoting):
         return result
 
     def outcome(self, exploration: int) -> SearchOutcome:
+        """What this search found and what it cost, from its ledger rows."""
         rows = self._rows()
         by_status: dict[str, int] = {}
         for r in rows:

@@ -35,6 +35,7 @@ class Promoting:
         return [points[i] for i in order if base / measured[points[i]] >= min_speedup and mean[i] < math.log(base)]
 
     def promote(self, budget: int) -> None:
+        """Verify the best-ranked candidates in turn until ``promote_top`` are accepted or the budget is spent."""
         from infrarsi._verify import _Verification
 
         contract = self.ws.contract
@@ -96,7 +97,8 @@ class Promoting:
                 else:
                     entry["abandoned"] = True   # cut by a kill: re-run whole, in a new batch, if still ranked
                     continue
-            if entry.get("accepted") and not (entry.get("receipt") and verify_receipt(entry["receipt"], self.ws.key.public_hex).ok):
+            if entry.get("accepted") and not (entry.get("receipt")
+                                              and verify_receipt(entry["receipt"], self.ws.key.public_hex).ok):
                 entry.update(accepted=False, failed=["receipt: missing or does not verify"])
             self.attempts.append(entry)
             done.add(entry["key"])

@@ -15,10 +15,12 @@ from libcst.metadata import ParentNodeProvider, QualifiedNameProvider
 # ---------------------------------------------------------------- matching helpers
 
 def _code(node: cst.CSTNode) -> str:
+    """The node's source text, as libcst would print it."""
     return cst.Module([]).code_for_node(node)
 
 
 def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """The two nodes read the same, whitespace aside."""
     return "".join(_code(a).split()) == "".join(_code(b).split())
 
 
@@ -30,6 +32,7 @@ def _number(node: cst.CSTNode, value: float) -> bool:
 
 
 def _name(node: cst.CSTNode, value: str) -> bool:
+    """``node`` is the bare name ``value``."""
     return isinstance(node, cst.Name) and node.value == value
 
 
@@ -55,6 +58,8 @@ def _positional(call: cst.Call) -> list[cst.BaseExpression] | None:
 
 
 class _Find(cst.CSTVisitor):
+    """Collects every node below the root that ``pred`` accepts, in visiting order."""
+
     def __init__(self, pred: Callable[[cst.CSTNode], bool]) -> None:
         self.pred, self.found = pred, []
 
@@ -65,6 +70,7 @@ class _Find(cst.CSTVisitor):
 
 
 def _find(root: cst.CSTNode, pred: Callable[[cst.CSTNode], bool]) -> list:
+    """The nodes of ``root`` (itself included) that ``pred`` accepts."""
     finder = _Find(pred)
     root.visit(finder)
     return finder.found
@@ -96,6 +102,7 @@ class _NameCounts(cst.CSTVisitor):
 
 
 def _counts(*nodes: cst.CSTNode) -> Counter[str]:
+    """How often each name appears across ``nodes`` (see :class:`_NameCounts`)."""
     visitor = _NameCounts()
     for node in nodes:
         node.visit(visitor)
@@ -163,6 +170,7 @@ class _Bindings(cst.CSTVisitor):
 
 
 def _bindings(func: cst.FunctionDef) -> _Bindings:
+    """The names ``func`` binds (see :class:`_Bindings`)."""
     visitor = _Bindings()
     func.visit(visitor)
     return visitor
@@ -196,11 +204,13 @@ class _Edits(cst.CSTTransformer):
 
 
 class _Qualified(cst.CSTVisitor):
+    """A visitor that can ask for a node's qualified names (``torch.ones`` however it was imported)."""
+
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider)
 
     def qn(self, node: cst.CSTNode) -> set[str]:
+        """The qualified names ``node`` may refer to; empty where it names nothing imported."""
         return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
-
 
 
 # ---------------------------------------------------------------- causal masks

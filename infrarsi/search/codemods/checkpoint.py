@@ -19,6 +19,8 @@ _CHECKPOINT_ONLY = {"use_reentrant", "preserve_rng_state", "context_fn", "determ
 
 
 class _Uncheckpoint(cst.CSTTransformer):
+    """Rewrites each ``torch.utils.checkpoint.checkpoint(fn, *args)`` call into ``fn(*args)``."""
+
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
@@ -37,6 +39,7 @@ class _Uncheckpoint(cst.CSTTransformer):
 
 
 def no_checkpoint(module: cst.Module) -> cst.Module:
+    """``module`` with every checkpoint call unwrapped; the same object where there is none."""
     new = MetadataWrapper(module).visit(_Uncheckpoint())
     if new.deep_equals(module):
         return module

@@ -101,6 +101,7 @@ def _import_at(body: list, before: int) -> int:
     def root(stmt) -> str:
         name = stmt.names[0].name if isinstance(stmt, cst.Import) else stmt.module
         return _code(name).split(".")[0] if name is not None else ""
+
     std = [(i, s) for i, s in imports if root(s) in sys.stdlib_module_names]
     for i, stmt in std:
         if isinstance(stmt, cst.ImportFrom) or _code(stmt.names[0].name) > "functools":
@@ -123,6 +124,8 @@ def _insert(body: list, at: int, line: cst.BaseStatement, blank_after: int) -> N
 
 
 def cached_causal_mask(module: cst.Module) -> cst.Module:
+    """``module`` with each shareable causal mask fetched from one cached helper; the same object where
+    there is none, or where the module does not import ``torch``."""
     if not _module_binds_torch(module):
         return module
     wrapper = MetadataWrapper(module)

@@ -29,6 +29,8 @@ def _append_arg(args: list[cst.Arg], new: cst.Arg) -> list[cst.Arg]:
 
 
 class _AddForeach(cst.CSTTransformer):
+    """Appends ``foreach=True`` to each ``torch.optim`` constructor that has not chosen an implementation."""
+
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
@@ -43,4 +45,5 @@ class _AddForeach(cst.CSTTransformer):
 
 
 def foreach_optimizer(module: cst.Module) -> cst.Module:
+    """``module`` with ``foreach=True`` on every optimizer that can take it."""
     return MetadataWrapper(module).visit(_AddForeach())

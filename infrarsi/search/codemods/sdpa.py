@@ -1,10 +1,11 @@
 """The sdpa-attention codemod: manual causal softmax attention becomes one
-``scaled_dot_product_attention(q, k, v, is_causal=True)`` call, under the name the module already gives
-``torch.nn.functional``. It matches, in one block of one function, ``s = (q @ k^T) * scale``, the
-``masked_fill`` of ``s`` with -inf under a mask that hides exactly the future, and ``softmax(s, -1) @ v``
-(directly or through a weights line); the call keeps a scale that is not SDPA's default
-``1/sqrt(head_dim)``, and the mask's own line, with the size lines only it used, goes where nothing else
-reads them.
+``scaled_dot_product_attention(q, k, v, is_causal=True)`` call, under the name the module already
+gives ``torch.nn.functional``.
+
+It matches, in one block of one function: ``s = (q @ k^T) * scale``; the ``masked_fill`` of ``s``
+with -inf under a mask that hides exactly the future; and ``softmax(s, -1) @ v``, directly or through
+a weights line. The call keeps a scale that is not SDPA's default ``1/sqrt(head_dim)``. The mask's own
+line, and the size lines only it used, go where nothing else reads them.
 """
 
 from __future__ import annotations
@@ -243,6 +244,7 @@ def _neg_inf(node: cst.CSTNode, qn) -> bool:
 
 
 def _float_of(node: cst.CSTNode) -> str | None:
+    """The lower-cased text of ``float("...")``, such as ``"-inf"``; None for anything else."""
     if isinstance(node, cst.Call) and _name(node.func, "float") and len(_positional(node) or ()) == 1 \
             and isinstance(node.args[0].value, cst.SimpleString):
         return str(node.args[0].value.evaluated_value).lower()
@@ -272,6 +274,8 @@ def _pure(node: cst.CSTNode) -> bool:
 
 
 def sdpa_attention(module: cst.Module) -> cst.Module:
+    """``module`` with each matched manual attention replaced by one SDPA call; the same object where
+    nothing matches or the module cannot name ``torch.nn.functional``."""
     prefix = _functional_prefix(module)
     if prefix is None:
         return module
