@@ -63,6 +63,10 @@ def main(argv=None) -> int:
                             foreach=os.environ.get("TINYGPT_FOREACH", "0") == "1")
     step_fn = model
     if os.environ.get("TINYGPT_COMPILE", "0") == "1":
+        # Compile in this process: inductor's default pool of compile workers is a tree of
+        # processes (about 1.1 GB on a 2-core machine), alone over the contract's memory limit.
+        import torch._inductor.config as inductor_config
+        inductor_config.compile_threads = 1
         step_fn = torch.compile(model)
 
     data = load_corpus()
