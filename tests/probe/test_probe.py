@@ -111,3 +111,31 @@ def test_nested_steps_are_refused(tmp_path):
             with p.step(2):
                 pass
     p.close()
+
+
+def test_cuda_is_synchronized_at_both_ends_and_its_peak_is_reported(tmp_path, monkeypatch):
+    # No GPU on this machine: torch.cuda's answers are stood in for, the probe is the real one.
+    import time
+
+    import torch
+
+    from infrarsi import probe
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append(("sync", time.monotonic_ns())))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2**30)
+    out = tmp_path / "r.jsonl"
+    p = probe.Probe(str(out), total_steps=2)
+    for step in (1, 2):
+        with p.step(step, tokens=8):
+            events.append(("body", time.monotonic_ns()))
+        p.log(step, loss=1.0, grad_norm=0.5)
+    p.close()
+    assert [name for name, _ in events] == ["sync", "body", "sync"] * 2
+    steps = [r for r in records(out) if r["type"] == "step"]
+    for i, rec in enumerate(steps):
+        first_sync, body, last_sync = (stamp for _, stamp in events[3 * i:3 * i + 3])
+        assert first_sync <= rec["t0_ns"] <= body <= last_sync <= rec["t1_ns"]
+        assert rec["peak_mem_bytes"] == 3 * 2**30  # CUDA max allocated, not the process RSS

@@ -106,6 +106,18 @@ def test_memory_guard_kills_and_records_a_lower_bound(executor, contract):
     assert result.wall_s < 15
 
 
+def test_an_out_of_memory_error_the_job_raises_is_oom_not_crash(executor, contract):
+    # What a CUDA job prints when the allocator gives up: no GPU here, so the toy job raises
+    # torch's own OutOfMemoryError; the memory guard never fires (the job stays small).
+    result = execute(executor, contract, {"mode": "cuda-oom"})
+    assert result.status == "oom", result.detail + result.stderr_tail
+    assert result.exit_code == 1
+    assert "reported out of memory" in result.detail and "CUDA out of memory" in result.detail
+    assert "needs more than the limit" not in result.detail  # the job's own report, not the guard's kill
+    assert result.peak_mem_mb is None  # the job needed more than it had: no measured peak
+    assert result.device_s > 0
+
+
 def test_patch_that_does_not_apply_is_rejected_with_gits_message(executor, contract):
     result = execute(executor, contract, patches=["broken"])
     assert result.status == "rejected"
