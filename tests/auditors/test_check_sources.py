@@ -64,7 +64,8 @@ def test_lint_cli_exit_codes_and_json(tmp_path):
     assert out["clean"] is False and {f["rule"] for f in out["findings"]} == {"timing_boundary"}
     assert all({"path", "line", "col", "rule", "message"} <= set(f) for f in out["findings"])
     human = _lint("train.py", "--against", "base.py", cwd=tmp_path)
-    assert human.returncode == 1 and "train.py:85:9: timing_boundary:" in human.stdout
+    moved_line = MOVED.splitlines().index("        opt.step()") + 1  # where the step now sits, column 9
+    assert human.returncode == 1 and f"train.py:{moved_line}:9: timing_boundary:" in human.stdout
 
 
 def test_lint_uses_the_contract_for_precision_and_protected_paths(tmp_path):

@@ -1,7 +1,8 @@
 """TinyGPT's knob settings leave the training job unchanged: `benchmarks/knob_numerics.py`,
 run for real (every combination a real training run judged by `verify`), over a pairwise
-design of every knob but torch.compile (a compiled run compiles for over a minute on CPU;
-the benchmark's full run, compile included, is in docs/benchmarks.md)."""
+design of every knob but torch.compile (compiled runs add minutes on CPU, and compiling with
+checkpointing off is over the memory limit; the benchmark's full run, compile included, is
+in docs/benchmarks.md)."""
 
 from __future__ import annotations
 

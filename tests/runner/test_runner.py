@@ -93,6 +93,10 @@ def test_timeout_kills_the_process_group(executor, toyjob):
     assert result.status == "timeout"
     assert 1.5 <= result.wall_s < 10
     assert "timeout" in result.detail
+    assert result.device_s > 0
+    # The job's own child went with it: the whole process group was killed.
+    child = receipts_of(result).declared()["child_pid"]
+    assert not _alive(child), f"child {child} outlived the timeout"
 
 
 def test_memory_guard_kills_and_records_a_lower_bound(executor, contract):
@@ -104,6 +108,37 @@ def test_memory_guard_kills_and_records_a_lower_bound(executor, contract):
     assert result.evidence["guard"]["peak_rss_bytes"] > 400 * 2**20
     # Killed long before the job could have allocated its whole hoard (8 x 64 MB = 512 MB > 400).
     assert result.wall_s < 15
+    assert result.device_s > 0
+
+
+def test_memory_guard_counts_the_whole_process_tree(executor, contract):
+    # The job itself stays small; a child it starts hoards the memory.
+    result = execute(executor, contract, {"mode": "child-oom"})
+    assert result.status == "oom", result.detail + result.stderr_tail
+    assert "needs more than the limit of 400 MB" in result.detail
+    assert result.evidence["guard"]["peak_rss_bytes"] > 400 * 2**20
+    child = receipts_of(result).declared()["child_pid"]
+    assert not _alive(child)
+
+
+def test_the_sandbox_holds_no_infrarsi_folder(executor, contract):
+    # .infrarsi/ holds the ledger and the signing key: the workload never sees it.
+    secret = contract.workspace / ".infrarsi" / "keys" / "signing.key"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("not for the workload")
+    result = execute(executor, contract)
+    assert result.status == "ok"
+    declared = receipts_of(result).declared()
+    assert declared["sees_infrarsi"] is False and declared["sees_train_py"] is True
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_an_out_of_memory_error_the_job_raises_is_oom_not_crash(executor, contract):
@@ -121,7 +156,9 @@ def test_an_out_of_memory_error_the_job_raises_is_oom_not_crash(executor, contra
 def test_patch_that_does_not_apply_is_rejected_with_gits_message(executor, contract):
     result = execute(executor, contract, patches=["broken"])
     assert result.status == "rejected"
-    assert "patch failed" in result.detail or "does not apply" in result.detail
+    # git's own words, kept in the evidence: which file and line it could not match.
+    assert "error: patch failed: train.py:12" in result.evidence["rejected"]
+    assert result.evidence["rejected"] in result.detail
     assert result.device_s == 0.0
 
 
