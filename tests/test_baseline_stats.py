@@ -1,0 +1,56 @@
+"""`baseline`'s statistics from known receipts: median step time, CV and MAD across runs,
+tokens/s, MFU, peak memory and the reference trajectories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infrarsi._baseline import summarise
+from infrarsi._candidate import Candidate
+from infrarsi._runner import ExecutionResult
+
+WARMUP, MEASURE = 1, 3
+
+
+def run(step_ms: list[float], losses: list[float], peak_mb: float) -> ExecutionResult:
+    """One baseline run's result whose receipts time each step as given (in ms)."""
+    lines = [json.dumps({"type": "meta", "declared": {"flops_per_token": 1000}})]
+    t = 10**9
+    for step, (ms, loss) in enumerate(zip(step_ms, losses), start=1):
+        t1 = t + int(ms * 1e6)
+        lines.append(json.dumps({"type": "step", "step": step, "t0_ns": t, "t1_ns": t1, "tokens": 64,
+                                 "loss": loss, "grad_norm": 1.0 + step, "peak_mem_bytes": 1}))
+        t = t1 + 1000
+    lines.append(json.dumps({"type": "end", "t_ns": t}))
+    measured = sorted(step_ms[WARMUP:WARMUP + MEASURE])[MEASURE // 2] / 1000
+    return ExecutionResult(Candidate(knobs={"mode": "ok"}), "ok", step_time_s=measured, peak_mem_mb=peak_mb,
+                           receipts=("\n".join(lines) + "\n").encode())
+
+
+def test_baseline_statistics_from_known_step_times():
+    results = [run([500, 99, 100, 101], [4.0, 3.0, 2.0, 1.0], 300.0),
+               run([500, 120, 120, 121], [4.0, 3.2, 2.0, 1.0], 310.0),
+               run([500, 110, 109, 111], [4.0, 3.1, 2.0, 1.5], 305.0)]
+    summary = summarise(results, [1, 2, 3], WARMUP, MEASURE, peak_tflops=0.1)
+    # Run medians 0.100, 0.120, 0.110 s: the warm-up step (500 ms) is outside the window.
+    assert summary.run_step_times_s == pytest.approx([0.100, 0.120, 0.110])
+    assert summary.step_time_s["median"] == pytest.approx(0.110)
+    assert summary.step_time_s["cv"] == pytest.approx(0.010 / 0.110)
+    assert summary.step_time_s["mad"] == pytest.approx(0.010)
+    assert summary.tokens_per_step == 64
+    assert summary.tokens_per_s == pytest.approx(64 / 0.110)
+    assert summary.mfu == pytest.approx(1000 * (64 / 0.110) / 0.1e12)
+    assert summary.peak_mem_mb == 310.0
+    # The reference is the per-step median over runs; the spread is the widest relative range.
+    assert summary.reference["loss"] == pytest.approx([4.0, 3.1, 2.0, 1.0])
+    assert summary.reference["grad_norm"] == pytest.approx([2.0, 3.0, 4.0, 5.0])
+    assert summary.reference_spread["loss"] == pytest.approx(0.5 / 1.0)
+
+
+def test_one_run_takes_its_own_step_to_step_noise():
+    summary = summarise([run([500, 90, 100, 110], [4.0, 3.0, 2.0, 1.0], 300.0)], [1], WARMUP, MEASURE, 0.1)
+    assert summary.step_time_s["median"] == pytest.approx(0.100)
+    assert summary.step_time_s["mad"] == 0
+    assert summary.step_time_s["cv"] == pytest.approx(0.010 / 0.100)  # stdev of 90/100/110 ms over their mean
