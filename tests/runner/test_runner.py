@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +182,45 @@ def test_protected_file_changed_at_run_time_is_recorded(executor, contract):
     assert integrity["protected_changed_before_run"] == []
     assert "changed at run time: data/protected.txt" in result.detail
     assert (contract.workspace / "data" / "protected.txt").read_text() == "pinned data\n"
+
+
+DRIVER = """
+import json, sys
+from infrarsi._candidate import resolve_candidate
+from infrarsi._contract import load_contract
+from infrarsi._hashing import hash_protected
+from infrarsi._runner import LocalExecutor
+contract = load_contract(sys.argv[1])
+pinned = hash_protected(contract.workspace, contract.protected_globs)
+result = LocalExecutor().run(contract, pinned, resolve_candidate(contract, {"mode": sys.argv[2]}, []))
+print(json.dumps({"status": result.status, "detail": result.detail,
+                  "changed": result.evidence["integrity"]["framework_changed"]}))
+"""
+
+
+def test_the_installed_framework_changed_at_run_time_is_recorded(tmp_path, contract):
+    # infrarsi imported from a copy laid out as a regular install, so the job can change it
+    # without touching this checkout; the job changes only a copy that carries the marker.
+    import infrarsi
+
+    source = Path(infrarsi.__file__).parent
+    package = tmp_path / "site" / "infrarsi"
+    shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__"))
+    for sub in ("verifiers", "auditors", "ledger"):
+        shutil.copytree(source.parent / sub, package / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "COPY_FOR_TEST").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+
+    def drive(mode):  # run from tmp_path: with -c, the current folder (this checkout) is first on sys.path
+        proc = subprocess.run([sys.executable, "-c", DRIVER, str(contract.workspace / "infrarsi.toml"), mode],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    untouched = drive("ok")
+    assert untouched["status"] == "ok" and untouched["changed"] == []
+    tampered = drive("tamper-framework")
+    assert tampered["changed"] == ["infrarsi/probe.py"]
+    assert "changed at run time: infrarsi/infrarsi/probe.py" in tampered["detail"]
+    assert (package / "probe.py").read_text().endswith("# changed by the workload\n")
+    assert not (source / "probe.py").read_text().endswith("# changed by the workload\n")
