@@ -46,6 +46,7 @@ class LaunchResult:
     ended_ns: int
     peak_rss_bytes: int              # highest tree RSS seen, or the kernel's high-water mark
     guard_samples: int
+    guard_max_gap_ns: int = 0        # the longest time between two memory samples
     receipt_lines: list[tuple[int, str]] = field(default_factory=list)
     stdout_lines: list[tuple[int, str]] = field(default_factory=list)
     stderr_tail: str = ""
@@ -204,6 +205,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
 
     deadline = started + int(spec.timeout_s * 1e9)
     peak, samples, status, detail = 0, 0, None, ""
+    last_sample, max_gap = 0, 0
     wait_status, kernel_maxrss = None, 0
     pids: list[int] = [proc.pid]
     try:
@@ -213,13 +215,17 @@ def launch(spec: LaunchSpec) -> LaunchResult:
                 wait_status, kernel_maxrss = wstatus, usage.ru_maxrss * 1024
                 break
             rss, high, pids = tree_memory(proc.pid)
+            now = time.monotonic_ns()
+            if samples:
+                max_gap = max(max_gap, now - last_sample)
+            last_sample = now
             samples += 1
             peak = max(peak, rss, high)
             if rss > spec.memory_limit_bytes:
                 status = "oom"
                 detail = (f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
                           f"(killed when the process tree's RSS reached {rss / 2**20:.0f} MB)")
-            elif time.monotonic_ns() > deadline:
+            elif now > deadline:
                 status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
             if status:
                 _kill_tree(proc.pid, pids)
@@ -260,7 +266,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
                         ended_ns=ended,
                         # The kernel's figure only when no sample was taken (it also counts our own size).
                         peak_rss_bytes=peak if status == "oom" or samples else kernel_maxrss,
-                        guard_samples=samples,
+                        guard_samples=samples, guard_max_gap_ns=max_gap,
                         receipt_lines=readers["receipts"].lines if "receipts" in readers else [],
                         stdout_lines=readers["out"].lines, stderr_tail=stderr_tail)
 

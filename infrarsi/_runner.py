@@ -163,6 +163,7 @@ class LocalExecutor:
             "bad_receipt_lines": receipts.bad_lines,
             "receipts_ended": receipts.ended,
             "guard": {"interval_s": GUARD_INTERVAL_S, "samples": seen.guard_samples,
+                      "max_gap_ms": round(seen.guard_max_gap_ns / 1e6, 2),
                       "limit_bytes": limit, "peak_rss_bytes": seen.peak_rss_bytes,
                       "censored": seen.status == "oom"},
             "integrity": integrity,
