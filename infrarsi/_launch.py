@@ -255,10 +255,10 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     stderr_tail = readers["err"].tail_text()
     exit_code = proc.returncode
     if status is None:
-        if any(marker in stderr_tail for marker in _OOM_MARKERS):
+        if exit_code == 0:
+            status = "ok"  # a job that caught an out-of-memory error and went on finished
+        elif any(marker in stderr_tail for marker in _OOM_MARKERS):
             status, detail = "oom", "the job reported out of memory: " + _last_line(stderr_tail)
-        elif exit_code == 0:
-            status = "ok"
         else:
             how = f"signal {-exit_code}" if exit_code < 0 else f"exit code {exit_code}"
             status, detail = "crash", f"{how}: {_last_line(stderr_tail) or 'no stderr'}"

@@ -159,6 +159,12 @@ def test_an_out_of_memory_error_the_job_raises_is_oom_not_crash(executor, contra
     assert result.device_s > 0
 
 
+def test_an_out_of_memory_error_the_job_caught_and_survived_is_ok(executor, contract):
+    result = execute(executor, contract, {"mode": "cuda-oom-caught"})
+    assert result.status == "ok", result.detail
+    assert "CUDA out of memory" in result.stderr_tail and result.step_time_s is not None
+
+
 def test_patch_that_does_not_apply_is_rejected_with_gits_message(executor, contract):
     result = execute(executor, contract, patches=["broken"])
     assert result.status == "rejected"
