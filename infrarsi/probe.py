@@ -126,7 +126,8 @@ class Probe(NullProbe):
         self._steps_seen = 0
         self._pending: dict[str, Any] | None = None
         self._in_step = False
-        self._cuda = None  # decided at the first step, once torch state is known
+        self._cuda_available: bool | None = None  # asked once, at the first step with torch loaded
+        self._cuda = False  # True from the first step on which the script has initialised CUDA
         self._write({"type": "meta", "version": RECEIPT_VERSION, "pid": os.getpid(),
                      "t_ns": time.monotonic_ns()})
 
@@ -207,12 +208,17 @@ class Probe(NullProbe):
             self._pending = None
 
     def _uses_cuda(self, torch) -> bool:
-        if self._cuda is None and torch is not None:
-            try:
-                self._cuda = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
-            except Exception:
-                self._cuda = False
-        return bool(self._cuda)
+        # A script may first touch CUDA inside a step, so until it has, ask again each step
+        # (is_initialized is a flag read; is_available, asked once, queries the driver).
+        if self._cuda or torch is None:
+            return self._cuda
+        try:
+            if self._cuda_available is None:
+                self._cuda_available = bool(torch.cuda.is_available())
+            self._cuda = self._cuda_available and bool(torch.cuda.is_initialized())
+        except Exception:
+            self._cuda_available, self._cuda = False, False
+        return self._cuda
 
     def _sync(self, torch) -> None:
         if torch is not None and self._uses_cuda(torch):
@@ -339,11 +345,20 @@ def _resident_high_water() -> int:
     by a large driver would report the driver's memory as its own; it is the fallback
     only where /proc is missing.
     """
+    global _status_fd, _status_pid
     try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        # One descriptor per process, re-read from offset 0 each step: opening the file and
+        # reading it line by line was half of the probe's cost. /proc/self is resolved when
+        # opened, so a forked child opens its own.
+        if _status_pid != os.getpid():
+            _status_fd, _status_pid = os.open("/proc/self/status", os.O_RDONLY), os.getpid()
+        text = os.pread(_status_fd, 16384, 0)
+        start = text.index(b"VmHWM:") + 6
+        return int(text[start:text.index(b"kB", start)]) * 1024
+    except (OSError, ValueError):
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+_status_fd: int = -1
+_status_pid: int | None = None

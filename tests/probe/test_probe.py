@@ -139,3 +139,36 @@ def test_cuda_is_synchronized_at_both_ends_and_its_peak_is_reported(tmp_path, mo
         first_sync, body, last_sync = (stamp for _, stamp in events[3 * i:3 * i + 3])
         assert first_sync <= rec["t0_ns"] <= body <= last_sync <= rec["t1_ns"]
         assert rec["peak_mem_bytes"] == 3 * 2**30  # CUDA max allocated, not the process RSS
+
+
+def test_cuda_first_initialised_inside_a_step_is_synchronized_from_then_on(tmp_path, monkeypatch):
+    import torch
+
+    from infrarsi import probe
+
+    initialised, syncs = [False], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised[0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 2**30)
+    p = probe.Probe(str(tmp_path / "r.jsonl"), total_steps=3)
+    with p.step(1):
+        initialised[0] = True  # the script's first CUDA call happens in step 1
+    assert len(syncs) == 1  # the end of step 1 already waits for the device
+    with p.step(2):
+        pass
+    assert len(syncs) == 3
+    p.close()
+
+
+def test_the_high_water_mark_is_read_fresh_each_time():
+    from infrarsi.probe import _resident_high_water
+
+    before = _resident_high_water()
+    hoard = bytearray(96 * 2**20)
+    for i in range(0, len(hoard), 4096):
+        hoard[i] = 1
+    assert _resident_high_water() - before >= 90 * 2**20
+    with open("/proc/self/status") as handle:
+        kernel = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
+    assert abs(_resident_high_water() - kernel) < 2**20
