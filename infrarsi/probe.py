@@ -356,7 +356,7 @@ def _resident_high_water() -> int:
         start = text.index(b"VmHWM:") + 6
         return int(text[start:text.index(b"kB", start)]) * 1024
     except (OSError, ValueError):
-        pass
+        _status_pid = None  # the script may have closed the descriptor: open it again next time
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 

@@ -172,3 +172,16 @@ def test_the_high_water_mark_is_read_fresh_each_time():
     with open("/proc/self/status") as handle:
         kernel = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
     assert abs(_resident_high_water() - kernel) < 2**20
+
+
+def test_a_script_closing_the_probes_descriptor_costs_one_step_at_most():
+    import os
+
+    from infrarsi import probe
+
+    probe._resident_high_water()
+    os.close(probe._status_fd)  # e.g. a script that closes every descriptor it did not open
+    probe._resident_high_water()  # this step falls back to getrusage
+    with open("/proc/self/status") as handle:
+        kernel = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
+    assert abs(probe._resident_high_water() - kernel) < 2**20
