@@ -138,13 +138,21 @@ def test_the_sandbox_holds_no_infrarsi_folder(executor, contract):
     assert declared["sees_infrarsi"] is False and declared["sees_train_py"] is True
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+def _alive(pid: int, patience_s: float = 5.0) -> bool:
+    """Whether ``pid`` still runs after ``patience_s`` (SIGKILL is delivered asynchronously;
+    a zombie waiting for its reaper counts as gone)."""
+    import time
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                running = handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            running = False
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
 
 
 def test_an_out_of_memory_error_the_job_raises_is_oom_not_crash(executor, contract):
