@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infrarsi._launch import _children
+from processes import alive, gone_within
 from infrarsi.ledger import Ledger
 
 # The console script lives next to the interpreter; `-m infrarsi.cli` is the same main().
@@ -102,16 +103,6 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def is_workload(pid: int) -> bool:
     return "train.py" in cmdline(pid)
 
@@ -152,12 +143,7 @@ def wait_for_workload(proc: subprocess.Popen, running: bool = True) -> int:
 
 def gone_soon(pid: int) -> bool:
     """Whether ``pid`` ends within a moment: a killed workload ends at once, a leftover one sleeps an hour."""
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return not alive(pid)
+    return gone_within(pid, 1.0)
 
 
 def kill_workload(pid: int) -> None:

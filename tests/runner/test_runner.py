@@ -16,6 +16,7 @@ from infrarsi._contract import load_contract
 from infrarsi._hashing import hash_protected
 from infrarsi._receipts import parse_receipts
 from infrarsi._runner import LocalExecutor, build_argv
+from processes import gone_within
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_timeout_kills_the_process_group(executor, toyjob):
     assert result.device_s > 0
     # The job's own child went with it: the whole process group was killed.
     child = receipts_of(result).declared()["child_pid"]
-    assert not _alive(child), f"child {child} outlived the timeout"
+    assert gone_within(child, 5.0), f"child {child} outlived the timeout"
 
 
 def test_memory_guard_kills_and_records_a_lower_bound(executor, contract):
@@ -124,7 +125,7 @@ def test_memory_guard_counts_the_whole_process_tree(executor, contract):
     assert "needs more than the limit of 400 MB" in result.detail
     assert result.evidence["guard"]["peak_rss_bytes"] > 400 * 2**20
     child = receipts_of(result).declared()["child_pid"]
-    assert not _alive(child)
+    assert gone_within(child, 5.0)
 
 
 def test_the_sandbox_holds_no_infrarsi_folder(executor, contract):
@@ -136,23 +137,6 @@ def test_the_sandbox_holds_no_infrarsi_folder(executor, contract):
     assert result.status == "ok"
     declared = receipts_of(result).declared()
     assert declared["sees_infrarsi"] is False and declared["sees_train_py"] is True
-
-
-def _alive(pid: int, patience_s: float = 5.0) -> bool:
-    """Whether ``pid`` still runs after ``patience_s`` (SIGKILL is delivered asynchronously;
-    a zombie waiting for its reaper counts as gone)."""
-    import time
-
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                running = handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            running = False
-        if not running or time.monotonic() > deadline:
-            return running
-        time.sleep(0.05)
 
 
 def test_an_out_of_memory_error_the_job_raises_is_oom_not_crash(executor, contract):
