@@ -27,11 +27,11 @@ from infrarsi._runner import LocalExecutor
 GOAL_MS = 20.0
 
 JOB = '''
-import os, subprocess, sys, time
+import subprocess, sys, time
 from infrarsi import probe
 p = probe.from_env()
 children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-            for _ in range(int(os.environ.get("GUARD_CHILDREN", "4")))]
+            for _ in range(int(sys.argv[2]))]
 # a second busy process besides this one: both cores loaded while the guard samples
 spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
 end = time.monotonic() + float(sys.argv[1])
@@ -54,7 +54,7 @@ def contract_in(folder: Path, seconds: float, children: int) -> Path:
     (folder / "infrarsi.toml").write_text(f'''
 [task]
 name = "guard-interval"
-command = ["python", "job.py", "{seconds}"]
+command = ["python", "job.py", "{seconds}", "{children}"]
 timeout_s = {seconds + 60}
 
 [scope]
@@ -67,11 +67,6 @@ measure_steps = 1
 [resources]
 memory_limit_mb = 4000
 peak_tflops = 0.1
-
-[knobs.children]
-env = "GUARD_CHILDREN"
-choices = ["{children}"]
-baseline = "{children}"
 ''')
     return folder / "infrarsi.toml"
 

@@ -75,17 +75,17 @@ def main() -> None:
     probe = Probe(fifo, total_steps=None)
     probe.watch(model)
 
+    def empty_steps(first, count):
+        for i in range(first, first + count):
+            with probe.step(i, tokens=64):
+                pass
+            probe.log(i, loss=1.0, grad_norm=1.0)
+
     # 1. the probe's own cost per step, in the steady state: the first steps pay one-time
     #    costs (the autocast spy is installed, the parameter list is first walked)
-    for i in range(1, 201):
-        with probe.step(i, tokens=64):
-            pass
-        probe.log(i, loss=1.0, grad_norm=1.0)
+    empty_steps(1, 200)
     start = time.perf_counter_ns()
-    for i in range(201, args.steps + 201):
-        with probe.step(i, tokens=64):
-            pass
-        probe.log(i, loss=1.0, grad_norm=1.0)
+    empty_steps(201, args.steps)
     own_s = (time.perf_counter_ns() - start) / 1e9 / args.steps
 
     # 2. paired blocks of real ~5 ms steps
