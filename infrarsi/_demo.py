@@ -199,6 +199,11 @@ def _search(console, contract_path: Path, contract) -> dict:
     for rescue in outcome.rescued:
         console.print(f"    rescued an out-of-memory candidate (execution {rescue['oom_execution']}) "
                       f"with {' + '.join(map(atom_label, rescue['rescued_by']))}")
+    for attempt in outcome.attempts:
+        if not attempt.get("accepted"):
+            changes = [f"{k}={v}" for k, v in sorted(attempt["knobs"].items()) if base[k] != v]
+            console.print(f"    verify of {', '.join(changes + attempt['patches']) or '(no changes)'}: no receipt; "
+                          f"failed {', '.join(attempt.get('failed') or ['(cut short)'])}")
     if outcome.best:
         sp = outcome.best["speedup"]
         changes = [f"{k}={v}" for k, v in sorted(outcome.best["knobs"].items()) if base[k] != v]

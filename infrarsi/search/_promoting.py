@@ -1,4 +1,5 @@
-"""Promotion: the best explored candidates by posterior go through the full `verify`.
+"""Promotion: the best explored candidates by posterior go through the full `verify`,
+those that came within `MEMORY_MARGIN` of the memory limit after those with room.
 
 Only a candidate with a receipt is promoted. Promotions begun before a resume are
 settled from the ledger and the receipts: finished ones count again, a cut one whose
@@ -8,9 +9,6 @@ receipt was written is finished from it, any other is re-run whole.
 from __future__ import annotations
 
 import json
-import math
-
-import numpy as np
 
 from infrarsi.search._space import Point
 from infrarsi.search._state import promotion_cost
@@ -21,18 +19,8 @@ class Promoting:
     space, state, patches, origins, messages, batch, journal, executor and bookkeeping."""
 
     def ranked(self) -> list[Point]:
-        """Candidates ran once and passed, best posterior step time first, each faster than the baseline."""
-        ok = [o for o in self.state.observations if o.status == "ok" and o.step_time_s]
-        if not ok:
-            return []
-        speed = self.state.speed_model()
-        points = list(dict.fromkeys(o.point for o in ok))
-        mean, _ = speed.predict(points)
-        measured = {o.point: o.step_time_s for o in ok}
-        base = self.state.baseline.step_time_s
-        min_speedup = float(self.ws.contract.search.min_speedup)
-        order = np.argsort(mean, kind="stable")
-        return [points[i] for i in order if base / measured[points[i]] >= min_speedup and mean[i] < math.log(base)]
+        """Candidates in promotion order (`SearchState.promotion_order`)."""
+        return self.state.promotion_order(float(self.ws.contract.search.min_speedup))
 
     def promote(self, budget: int) -> None:
         """Verify the best-ranked candidates in turn until ``promote_top`` are accepted or the budget is spent."""

@@ -12,11 +12,16 @@ from infrarsi.search._models import Failures, MemoryModel, SpeedModel
 from infrarsi.search._space import Point, Space
 
 __all__ = ["Observation", "SearchState", "SearchOutcome", "promotion_cost", "exploration_budget",
-           "INTERRUPTED", "NOT_THE_CANDIDATES"]
+           "INTERRUPTED", "NOT_THE_CANDIDATES", "MEMORY_MARGIN"]
 
 # Checks whose failure says the workspace or the installed framework changed, not the candidate.
 NOT_THE_CANDIDATES = {"integrity.manifest", "integrity.framework"}
 INTERRUPTED = "interrupted"   # detail prefix of an execution cut short by our own stop: no evidence
+# A candidate whose measured peak came within this fraction of memory_limit_mb is promoted
+# only after every candidate with room: one run's peak is not the next one's (allocator
+# and thread-pool noise moves a CPU job's high-water mark by 5-10%), and a `verify` that
+# runs out of memory on its eighth run spends the whole promotion budget on nothing.
+MEMORY_MARGIN = 0.10
 
 
 def promotion_cost(ab_pairs: int) -> int:
@@ -102,6 +107,24 @@ class SearchState:
             if any(c <= p.patches for c in self.conflicts):
                 out[i] = 0.0
         return out
+
+    def promotion_order(self, min_speedup: float) -> list[Point]:
+        """Candidates that ran and passed, each at least ``min_speedup`` faster than the baseline
+        (measured) and faster by the model's posterior, best posterior first; those without
+        `MEMORY_MARGIN` of room under the limit (or seen out of memory once) after the rest."""
+        ok = [o for o in self.observations if o.status == "ok" and o.step_time_s]
+        if not ok:
+            return []
+        points = list(dict.fromkeys(o.point for o in ok))
+        mean, _ = self.speed_model().predict(points)
+        measured = {o.point: o.step_time_s for o in ok}
+        base = self.baseline.step_time_s
+        ceiling = self.limit_mb * (1 - MEMORY_MARGIN)
+        tight = {o.point for o in self.observations
+                 if o.status == "oom" or (o.status == "ok" and (o.peak_mem_mb or 0) > ceiling)}
+        order = [points[i] for i in np.argsort(mean, kind="stable")
+                 if base / measured[points[i]] >= min_speedup and mean[i] < math.log(base)]
+        return [p for p in order if p not in tight] + [p for p in order if p in tight]
 
     def best_log(self) -> float:
         return min(math.log(o.step_time_s) for o in self.ok())

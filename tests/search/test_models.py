@@ -137,3 +137,28 @@ def test_failures_never_clear_a_set_that_failed(events):
         assert f.p_ok(atoms | {"z"}) == 0.0
     for found in f.incompatibilities():
         assert found["atoms"]
+
+
+def test_promotion_puts_a_candidate_near_the_memory_limit_after_those_with_room():
+    from infrarsi.search._state import MEMORY_MARGIN, Observation, SearchState
+
+    space = _space()
+    limit = 560.0
+    base = Observation(space.baseline(), "ok", 0.300, 470.0, 1, "baseline")
+    tight = space.point({"a": "1"}, ["p"])            # the fastest, but at 96% of the limit
+    roomy = space.point({"b": "1"})                   # slower, with room
+    flaky = space.point({"c": "1"})                   # fast once, out of memory once
+    too_slow = space.point({"d": "1"})                # under min_speedup
+    state = SearchState(space, base, limit, observations=[
+        Observation(tight, "ok", 0.120, limit * 0.96, 2, "explore"),
+        Observation(roomy, "ok", 0.200, limit * (1 - MEMORY_MARGIN) - 1, 3, "explore"),
+        Observation(flaky, "ok", 0.150, 400.0, 4, "explore"),
+        Observation(flaky, "oom", None, None, 5, "explore"),
+        Observation(too_slow, "ok", 0.299, 400.0, 6, "explore"),
+    ])
+    order = state.promotion_order(1.02)
+    assert order[0] == roomy and set(order[1:]) == {tight, flaky}
+    assert too_slow not in order
+    # Without the memory evidence the same measurements rank by speed alone.
+    free = SearchState(space, base, limit * 10, observations=[o for o in state.observations if o.status == "ok"])
+    assert free.promotion_order(1.02)[0] == tight
