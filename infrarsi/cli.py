@@ -176,7 +176,9 @@ def _cmd_baseline(args) -> int:
     except BaselineFailed as exc:
         print(f"infrarsi: baseline failed: {exc}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"runs": 0, "error": str(exc).splitlines()[0]}))
+            # The DESIGN.md keys, null where nothing was measured, and why.
+            print(json.dumps({"runs": 0, "step_time_s": None, "tokens_per_s": None, "peak_mem_mb": None,
+                              "mfu": None, "error": str(exc).splitlines()[0]}))
         return EXIT_REJECTED
     st = summary.step_time_s
     human = "\n".join([

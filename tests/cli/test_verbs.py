@@ -139,7 +139,10 @@ def test_baseline_that_fails_exits_1_and_keeps_the_failed_run(cli, toyjob):
 
     done = cli("baseline", "--runs", "2", "--json")
     assert done.rc == 1, done
-    assert done.json()["runs"] == 0
+    out = done.json()
+    assert out["runs"] == 0 and "crash" in out["error"]
+    assert {k: out[k] for k in ("step_time_s", "tokens_per_s", "peak_mem_mb", "mfu")} == dict.fromkeys(
+        ("step_time_s", "tokens_per_s", "peak_mem_mb", "mfu"))   # the DESIGN.md keys, null
     assert "baseline failed" in done.stderr and "crash" in done.stderr
     assert "Traceback" not in done.stderr
     rows = executions(toyjob)

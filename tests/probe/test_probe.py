@@ -180,6 +180,36 @@ def test_the_high_water_mark_is_read_fresh_each_time():
     assert abs(after - kernel) < 2**20
 
 
+def test_a_large_parents_size_carried_across_exec_is_never_the_jobs_peak():
+    # Linux starts a child's ru_maxrss at its parent's size: a 400 MB driver must not make
+    # a 30 MB job read 400 MB, and once the job outgrows it the fast path takes over.
+    child = textwrap.dedent("""
+        import resource
+        from infrarsi.probe import _resident_high_water, _vmhwm_kb
+        carried = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        first = _resident_high_water()
+        hoard = bytearray(600 * 2**20)
+        for i in range(0, len(hoard), 4096):
+            hoard[i] = 1
+        grown = _resident_high_water()
+        print(carried, first, grown, _vmhwm_kb() * 1024)
+    """)
+    parent = textwrap.dedent(f"""
+        import subprocess, sys
+        hoard = bytearray(400 * 2**20)
+        for i in range(0, len(hoard), 4096):
+            hoard[i] = 1
+        sys.stdout.write(subprocess.run([sys.executable, "-c", {child!r}], capture_output=True, text=True,
+                                        check=True).stdout)
+    """)
+    proc = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    carried, first, grown, kernel = map(int, proc.stdout.split())
+    assert carried > 400 * 2**20          # the kernel did carry the parent's size
+    assert first < 200 * 2**20            # ...and the probe did not take it for the job's
+    assert grown > 600 * 2**20 and abs(grown - kernel) < 2**20
+
+
 def test_a_script_closing_the_probes_descriptor_costs_one_step_at_most():
     import os
 
