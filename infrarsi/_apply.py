@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._candidate import PatchRef, UsageError
+from infrarsi._candidate import PatchRef, UsageError, changes_from
 from infrarsi._hashing import RECEIPTS_DIR, hash_protected
 from infrarsi._patch import PatchParseError, parse_patch
 from infrarsi._workspace import open_workspace
@@ -112,7 +112,7 @@ def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = Non
         if unknown:
             raise ApplyRefused(f"receipt {rid}: knobs {', '.join(unknown)} are not in {contract.path.name}")
         base = contract.baseline_knobs()
-        changes = [f"{k}={v}" for k, v in sorted(knobs.items()) if base.get(k) != v] + [p.name for p in patches]
+        changes = changes_from(base, knobs, [p.name for p in patches])
         launch = launch_command(contract, knobs)
         common = {"receipt": rid, "speedup": body["speedup"], "knobs": knobs, "changes": changes,
                   "patches": [p.name for p in patches], "launch": launch}

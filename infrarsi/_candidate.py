@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infrarsi._contract import Contract
 
-__all__ = ["Candidate", "PatchRef", "UsageError", "resolve_candidate", "parse_sets"]
+__all__ = ["Candidate", "PatchRef", "UsageError", "resolve_candidate", "parse_sets", "changes_from"]
 
 
 class UsageError(Exception):
@@ -35,6 +35,11 @@ class Candidate:
     def describe(self) -> dict:
         """The DESIGN.md shape: knob name -> choice, patch names."""
         return {"knobs": dict(self.knobs), "patches": [p.name for p in self.patches]}
+
+
+def changes_from(baseline_knobs: dict[str, str], knobs: dict[str, str], patches: list[str]) -> list[str]:
+    """How a candidate reads to a person: its knob settings off the baseline (``k=v``), then its patches."""
+    return [f"{k}={v}" for k, v in sorted(knobs.items()) if baseline_knobs.get(k) != v] + list(patches)
 
 
 def parse_sets(sets: list[str] | None) -> dict[str, str]:

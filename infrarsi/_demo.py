@@ -21,7 +21,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from infrarsi._candidate import UsageError
+from infrarsi._candidate import UsageError, changes_from
 
 __all__ = ["demo", "copy_workload", "DEMO_BUDGET"]
 
@@ -192,7 +192,7 @@ def _search(console, contract_path: Path, contract) -> dict:
     base = {name: knob.baseline for name, knob in contract.knobs.items()}
     table = Table("execution", "how chosen", "changes from the original", "status", "vs baseline")
     for h in outcome.history:
-        changes = [f"{k}={v}" for k, v in sorted(h["knobs"].items()) if base[k] != v] + h["patches"]
+        changes = changes_from(base, h["knobs"], h["patches"])
         table.add_row(str(h["execution"]), h["origin"], ", ".join(changes) or "(none)", h["status"],
                       f"{h['speedup']:.2f}x" if h["speedup"] else "—")
     console.print(table)
@@ -204,13 +204,13 @@ def _search(console, contract_path: Path, contract) -> dict:
                       f"with {' + '.join(map(atom_label, rescue['rescued_by']))}")
     for attempt in outcome.attempts:
         if not attempt.get("accepted"):
-            changes = [f"{k}={v}" for k, v in sorted(attempt["knobs"].items()) if base[k] != v]
-            console.print(f"    verify of {', '.join(changes + attempt['patches']) or '(no changes)'}: no receipt; "
+            changes = changes_from(base, attempt["knobs"], attempt["patches"])
+            console.print(f"    verify of {', '.join(changes) or '(no changes)'}: no receipt; "
                           f"failed {', '.join(attempt.get('failed') or ['(cut short)'])}")
     if outcome.best:
         sp = outcome.best["speedup"]
-        changes = [f"{k}={v}" for k, v in sorted(outcome.best["knobs"].items()) if base[k] != v]
-        console.print(f"    [green]PROMOTED[/]: {', '.join(changes + outcome.best['patches'])}: speedup "
+        changes = changes_from(base, outcome.best["knobs"], outcome.best["patches"])
+        console.print(f"    [green]PROMOTED[/]: {', '.join(changes)}: speedup "
                       f"{sp['median']:.2f}x (95% CI {sp['ci_low']:.2f}-{sp['ci_high']:.2f}); receipt "
                       f"{outcome.best['receipt']}")
     else:

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infrarsi._candidate import changes_from
 from infrarsi.ledger import Ledger
 
 __all__ = ["ReportData", "Promotion", "load_report_data", "RESOURCE_KINDS"]
@@ -60,8 +61,7 @@ class ReportData:
     def changes(self, row: dict) -> list[str]:
         """A row's knob settings that differ from the baseline, then its patches."""
         knobs = row.get("knobs") or {}
-        return ([f"{k}={v}" for k, v in sorted(knobs.items()) if self.baseline_knobs.get(k) != v]
-                + [p["name"] for p in row.get("patches") or []])
+        return changes_from(self.baseline_knobs, knobs, [p["name"] for p in row.get("patches") or []])
 
     def attempts(self) -> list[dict]:
         """Executions that tried a candidate or re-measured one, proposals (screening only) left out."""
@@ -146,8 +146,7 @@ def _promotion(ledger: Ledger, body: dict, receipt_id: str, baseline_knobs: dict
     speedup = body.get("speedup") or {}
     # The same work per step (numerics held), so utilisation scales with the step time.
     mfu_after = mfu * speedup["median"] if mfu is not None and speedup.get("median") else None
-    changes = ([f"{k}={v}" for k, v in sorted(knobs.items()) if baseline_knobs.get(k) != v]
-               + [p["name"] for p in patches])
+    changes = changes_from(baseline_knobs, knobs, [p["name"] for p in patches])
     return Promotion(receipt_id, knobs, changes, patches, speedup, list(body.get("checks") or []),
                      [int(e) for e in body.get("executions") or []], ab, mfu, mfu_after, before, after)
 
