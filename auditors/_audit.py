@@ -16,7 +16,7 @@ from ._source import SourceError, SourceModel
 __all__ = ["AUDITOR_VERSION", "RULES", "audit_source", "audit_diff", "check_sources", "audit_check_ids"]
 
 # Bump when a rule changes what it finds, so stored verdicts say which rules gave them.
-AUDITOR_VERSION = "auditors-1"
+AUDITOR_VERSION = "auditors-2"
 
 
 def _load_rules() -> dict[str, Rule]:

@@ -55,14 +55,36 @@ methods of the same file that a region calls are followed, up to four calls deep
 `torch.cuda.stream(...)`, counts as measured only when the region then waits for it
 (`join`, `result`, `wait`, `wait_stream`, `synchronize`).
 
+**Real work.** `timing_boundary` follows the real work, not the count of calls: the
+model is what the baseline's parameters come from (`X` in `X.parameters()`, found in the
+patch by its constructor or name, with its wrappers such as `torch.compile(model)`); the
+forward is a call of it; the loss is computed from its output (`.detach()`, `.item()`
+and `.data` cut the graph); the backward is that loss's; the optimizer is the one built
+from the model's parameters. So a decoy left in the region (a backward on
+`torch.zeros(1, requires_grad=True).sum()`, the step of a dummy optimizer) does not hide
+that the real work moved out.
+
 **Known limits.**
-- Names are followed within one file. Work moved into another module's function looks
-  removed, so the audit fails safe.
-- A dtype held in a variable (`autocast(dtype=ptdtype)`) isn't judged here;
-  `numerics.precision` judges what the run actually used.
+- Names are followed within one file, and data flow is followed by name (flow-aware only
+  where a name is assigned just before its use). Work moved into another module's
+  function looks removed, so the audit fails safe; a real model reached only through
+  another module, with no `parameters()` call in the baseline, leaves `timing_boundary`
+  counting calls by kind.
+- A dtype picked at run time from a table of literals (`{{'float32': torch.float32,
+  ...}}[cfg.dtype]`) isn't judged here; `numerics.precision` judges what the run used. A
+  dtype looked up by a name the audit can't read (`getattr(torch, name)`) is a finding.
 - Qualified names come from a scope-aware resolver (`auditors/_names.py`) that a test
   checks against libcst's `QualifiedNameProvider`. It tracks imports, aliases and
-  shadowing per scope, but not values built at run time (`getattr(time, name)`).
+  shadowing per scope. Values built at run time are folded where the source alone
+  decides them (`"INFRA" + "RSI_STEPS"`, `getattr(torch, "bfloat" + "16")`,
+  `"_".join([...])`); code and names it can't read (`exec`, `getattr(time, name)`,
+  `os.environ.get(name)` with an unknown name) are findings, not guesses.
+- Work deferred inside the job's own code is not seen as a patch: an optimizer subclass
+  defined in the file whose `step` queues the update, say, looks like a real step in the
+  region. `monkeypatch` covers torch's and InfraRSI's own classes, not the job's.
+- The step count itself may be compared after the loop bound takes it (`steps =
+  p.total_steps or args.steps`, then `if steps != args.steps`): the rules don't follow
+  that value.
 """
 
 

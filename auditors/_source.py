@@ -120,6 +120,7 @@ class SourceModel:
         self._positions = None
         self._loops = None
         self._imports = None
+        self.memo: dict = {}  # what helpers work out once per file (auditors/_values.py)
         self.probe_vars = self._find_probe_vars()
 
     def loop_model(self):

@@ -25,6 +25,7 @@ _HANDOFF_METHODS = {"submit": "an executor", "map": "an executor", "apply_async"
 _BUILTINS = {"next", "iter", "len", "list", "tuple", "dict", "zip", "enumerate", "range", "float", "int",
              "sum", "min", "max", "abs", "round", "sorted", "print", "isinstance", "getattr"}
 _ANYWHERE = -1  # a loss alias on an attribute may be computed in any method
+_COLLECTORS = {"append", "extend", "insert"}  # a list of losses filled in a loop
 
 
 class UpdateWork:
@@ -83,15 +84,42 @@ class UpdateWork:
         """The function a node runs in (the module for top-level code)."""
         return next((a for a in self.source.ancestors(node) if isinstance(a, cst.FunctionDef)), self.source.module)
 
-    @staticmethod
-    def loss_name(backward: cst.Call) -> str | None:
-        """The name a ``X.backward()`` call is made on: ``loss``, also in ``scaler.scale(loss).backward()``."""
+    def loss_name(self, backward: cst.Call) -> str | None:
+        """The name a ``X.backward()`` call is made on: ``loss``, also in ``scaler.scale(loss).backward()``,
+        ``loss.mul(1.0).backward()``, ``(loss / accum).backward()`` or ``torch.mean(loss).backward()``."""
+        if self.source.resolves_to(backward.func, "torch.autograd.backward"):
+            args = [a.value for a in backward.args if a.keyword is None]
+            return self._root_name(args[0], 0) if args else None
         if not isinstance(backward.func, cst.Attribute):
             return None
-        target = backward.func.value
-        if isinstance(target, cst.Call) and target.args:  # scaler.scale(loss)
-            target = target.args[0].value
-        return dotted(target)
+        return self._root_name(backward.func.value, 0)
+
+    def _root_name(self, expr: cst.CSTNode, depth: int) -> str | None:
+        if depth > 8:
+            return None
+        name = dotted(expr)
+        if name is not None:
+            return name
+        if isinstance(expr, cst.Call):
+            func, args = expr.func, [a.value for a in expr.args if a.keyword is None]
+            if isinstance(func, cst.Attribute) and func.attr.value != "scale" \
+                    and (dotted(func.value) or "").split(".")[0] not in self._imported_roots():
+                return self._root_name(func.value, depth + 1)  # a method of the loss: loss.mul(1.0), loss.sum()
+            return self._root_name(args[0], depth + 1) if args else None  # scaler.scale(loss), torch.mean(loss)
+        if isinstance(expr, cst.BinaryOperation):
+            return self._root_name(expr.left, depth + 1) or self._root_name(expr.right, depth + 1)
+        if isinstance(expr, cst.UnaryOperation):
+            return self._root_name(expr.expression, depth + 1)
+        if isinstance(expr, cst.Subscript):
+            return self._root_name(expr.value, depth + 1)
+        if isinstance(expr, (cst.List, cst.Tuple)) and expr.elements:  # torch.stack([loss]).sum()
+            return self._root_name(expr.elements[0].value, depth + 1)
+        return None
+
+    def _imported_roots(self) -> set[str]:
+        if self._imported_names is None:
+            self._imported_names = self._imported()
+        return self._imported_names
 
     def loss_names(self) -> dict[str, set[int]]:
         """Names backward() is called on, with the functions where they are that loss.
@@ -112,6 +140,10 @@ class UpdateWork:
                     name = dotted(t.target)
                     if name in names and id(self.owner(node)) in names[name] | {_ANYWHERE}:
                         names.setdefault(alias, set()).add(_ANYWHERE if "." in alias else id(self.owner(node)))
+        for node in self.source.of_type(cst.For):  # for loss in losses: loss.backward()
+            target, collection = dotted(node.target), dotted(node.iter)
+            if target in names and collection is not None and id(self.owner(node)) in names[target]:
+                names.setdefault(collection, set()).add(id(self.owner(node)))
         return names
 
     def loss_assignments(self) -> dict[str, list[cst.CSTNode]]:
@@ -133,6 +165,15 @@ class UpdateWork:
             for name in names & set(losses):
                 if _ANYWHERE in losses[name] or id(self.owner(node)) in losses[name]:
                     out.setdefault(name, []).append(node)
+        for node in self.source.of_type(cst.Expr):  # losses.append(model(x, y) / accum)
+            call = node.value
+            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                    and call.func.attr.value in _COLLECTORS and call.args):
+                continue
+            name = dotted(call.func.value)
+            if name in losses and (_ANYWHERE in losses[name] or id(self.owner(node)) in losses[name]) and any(
+                    isinstance(d, cst.Call) for a in call.args for d in self.source.descendants(a.value)):
+                out.setdefault(name, []).append(node)
         self._losses = out
         return out
 

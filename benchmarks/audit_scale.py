@@ -77,8 +77,8 @@ STEPS = WARMUP + MEASURE
 PAIRS = 5
 REBASELINE_EVERY = 1000
 PLANT_KINDS = ("loss", "clock", "clock_patch", "missing_receipts")
-RUN_IDS = ("integrity.protected", "integrity.framework", "timing.window", "timing.clock",
-           "numerics.loss", "numerics.grad_norm", "numerics.precision")
+RUN_IDS = ("integrity.protected", "integrity.framework", "integrity.containment", "timing.window",
+           "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision")
 SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected")
 
 

@@ -1,13 +1,17 @@
 """Probe overhead per step, as a fraction of a ~5 ms CPU training step.
 
-Two measurements in one run:
+Three measurements in one run:
   1. the probe's own cost: `with p.step(): ...; p.log(...)` around no work, many times,
-     after 200 steps of warm-up (the first steps pay one-time costs);
+     after 200 steps of warm-up (the first steps pay one-time costs). The probe holds a
+     sampling plan, as under the runner, whose steps never come: this is an unsampled step;
   2. paired A/B blocks of a real ~5 ms torch step (ABBA order, so drift cancels), as a
      check on (1) in place: the no-op recorder against itself (A/A, the noise floor), the
      real probe writing to /dev/null, and the real probe writing to the FIFO. The last
      also pays for waking the reader once a step, which the runner needs to stamp each
-     line as it arrives.
+     line as it arrives;
+  3. a sampled step (operator dtypes under a dispatch mode, per-parameter gradient norms,
+     fp32_precision settings): real ~5 ms steps with every step sampled, against the same
+     steps unsampled, in ABBA blocks. The runner leaves sampled steps out of the step time.
 Receipts go to a FIFO drained by another process, as under the runner.
 
     python benchmarks/probe_overhead.py [--steps 3000] [--json]
@@ -72,7 +76,8 @@ def main() -> None:
     # Another process drains the FIFO, as the runner does; a thread here would contend for the GIL.
     reader = subprocess.Popen(["cat", fifo], stdout=subprocess.DEVNULL)
     model, step = make_job()
-    probe = Probe(fifo, total_steps=None)
+    never = frozenset({10**9})  # a plan whose steps never come: every step is an unsampled one
+    probe = Probe(fifo, total_steps=None, sample=never)
     probe.watch(model)
 
     def empty_steps(first, count):
@@ -91,9 +96,13 @@ def main() -> None:
     # 2. paired blocks of real ~5 ms steps
     units = calibrate(step)
     null = NullProbe()
+    # total_steps = a block's length: no window stays open between blocks
+    sampling = Probe(os.devnull, total_steps=40, sample="all")
 
     def block(p, n=40):
         t = time.perf_counter()
+        if p is sampling:
+            p._sampler.open(1)  # each block starts at step 1: its window opens here, as at the start of a run
         for i in range(1, n + 1):
             with p.step(i, tokens=64):
                 for _ in range(units):
@@ -113,11 +122,16 @@ def main() -> None:
             times.append(a)
         return statistics.median(ratios), times
 
-    to_null = Probe(os.devnull, total_steps=None)
+    to_null = Probe(os.devnull, total_steps=None, sample=never)
     to_null.watch(model)
     aa_ratio, _ = ab(NullProbe(), null)
     null_ratio, _ = ab(to_null, null)
     fifo_ratio, step_times = ab(probe, null)
+
+    # 3. sampled steps: every step observed, against the same probe leaving every step alone
+    sampling.watch(model)
+    sampled_ratio, unsampled_times = ab(sampling, to_null)
+    sampling.close()
     to_null.close()
     probe.close()
     reader.wait(timeout=10)
@@ -130,6 +144,8 @@ def main() -> None:
         "ab_ratio_aa_noise": round(aa_ratio, 4),
         "ab_ratio_devnull": round(null_ratio, 4),
         "ab_ratio_fifo": round(fifo_ratio, 4),
+        "sampled_step_ratio": round(sampled_ratio, 3),
+        "sampled_step_extra_ms": round((sampled_ratio - 1) * statistics.median(unsampled_times) * 1e3, 3),
         "ab_blocks": args.blocks,
         "goal": "overhead_fraction < 0.01",
     }

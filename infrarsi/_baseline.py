@@ -1,17 +1,19 @@
-"""`infrarsi baseline`: the original setup, measured N times."""
+"""`infrarsi baseline`: the original setup, measured N times, then observed at every step once."""
 
 from __future__ import annotations
 
 import statistics
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from infrarsi._candidate import Candidate
 from infrarsi._receipts import parse_receipts
-from infrarsi._runner import ExecutionResult
-from infrarsi._workspace import open_workspace
+from infrarsi._runner import ExecutionInterrupted, ExecutionResult
+from infrarsi._workspace import Workspace, open_workspace
+from infrarsi.verifiers import steps_from_lines
+from infrarsi.verifiers import compare_param_grads
 
 __all__ = ["BaselineSummary", "BaselineFailed", "baseline", "summarise"]
 
@@ -31,9 +33,11 @@ class BaselineSummary:
     peak_mem_mb: float | None
     mfu: float | None
     run_step_times_s: list[float]
-    reference: dict            # per-step loss / grad_norm trajectories (median over runs)
+    reference: dict            # per-step loss / grad_norm trajectories (median over runs); from the
+                               # reference run: per-step param_grad_norms and ops, keyed by step ("3")
     reference_spread: dict     # the largest relative spread of each trajectory across runs
     knobs: dict
+    reference_execution: int | None = None  # the run observed at every step (not timed)
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -41,7 +45,9 @@ class BaselineSummary:
                 "peak_mem_mb": self.peak_mem_mb, "mfu": self.mfu}
 
     def as_record(self) -> dict:
-        return asdict(self)
+        # step_clock: which clock the step times came from; a baseline stored before the runner's
+        # clock took over ("probe" regions) is not compared with a later A/B's baseline arm.
+        return {**asdict(self), "step_clock": "runner"}
 
 
 def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[float | None], float | None]:
@@ -67,8 +73,9 @@ def summarise(results: list[ExecutionResult], executions: list[int], warmup: int
     receipt_sets = [parse_receipts(r.receipts.decode("utf-8", "replace").splitlines()) for r in results]
     medians = [r.step_time_s for r in results]
     center = statistics.median(medians)
+    # Step-to-step noise from the runner's clock: the periods between step ends (evidence["timing"]).
     within = [statistics.stdev(t) / statistics.fmean(t)
-              for t in (rs.step_times(warmup, measure) for rs in receipt_sets) if t and len(t) >= 2]
+              for t in ((r.evidence.get("timing") or {}).get("periods_s") for r in results) if t and len(t) >= 2]
     within_cv = statistics.median(within) if within else None
     # With one run, its own step-to-step noise is the best estimate there is.
     cv = statistics.stdev(medians) / statistics.fmean(medians) if len(medians) >= 2 else within_cv
@@ -92,9 +99,53 @@ def summarise(results: list[ExecutionResult], executions: list[int], warmup: int
         reference=reference, reference_spread=spread, knobs=dict(results[0].candidate.knobs))
 
 
+def observed_reference(receipts: bytes) -> dict:
+    """Per-step per-parameter gradient norms and operator dtypes from a run observed at every step.
+
+    ``{"param_grad_norms": {"3": {name: norm | None}}, "param_grad_min_rows": {"3": {name: norm}},
+    "ops": {"3": ["mm:float32", ...]}}``; a step whose line lacks them is left out (the
+    verifiers then can't judge it).
+    """
+    found: dict[str, dict[str, object]] = {"param_grad_norms": {}, "param_grad_min_rows": {}, "ops": {}}
+    for step in steps_from_lines(receipts.decode("utf-8", "replace").splitlines()):
+        for key, field, kind in (("param_grad_norms", "grads", dict), ("param_grad_min_rows", "grad_min_rows", dict),
+                                 ("ops", "ops", list)):
+            if isinstance(step.get(field), kind):
+                found[key].setdefault(str(step.step), step.get(field))
+    return found
+
+
+def _sampled_spread(results: list[ExecutionResult], reference: dict) -> float | None:
+    """The largest relative difference of a parameter's gradient norm between the timed runs'
+    sampled steps and the reference run at the same step: how reproducible the job is."""
+    worst = None
+    for result in results:
+        observed = observed_reference(result.receipts)["param_grad_norms"]
+        for step, grads in observed.items():
+            if step in reference:
+                _, rel, _ = compare_param_grads(grads, reference[step], rtol=1e9)  # judges nothing: the worst
+                worst = rel if worst is None else max(worst, rel)
+    return worst
+
+
+def _reference_run(ws: Workspace, candidate: Candidate, batch: str, seq: int) -> tuple[int, ExecutionResult]:
+    """The original setup once more, observed at every step (its time is not a measurement)."""
+    try:
+        result = ws.executor.run(ws.contract, ws.manifest.files, candidate, sample_all=True)
+    except ExecutionInterrupted as stopped:
+        ws.record(stopped.result, "baseline", batch, seq)
+        raise
+    return ws.record(result, "baseline", batch, seq), result
+
+
 def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
              progress: Callable[[int, int, ExecutionResult], None] | None = None) -> BaselineSummary:
-    """Run the original setup ``runs`` times, record every run, and store the summary."""
+    """Run the original setup ``runs`` times, then once observed at every step; record every run, store the summary.
+
+    The extra run (kind "baseline" in the same batch, its id in ``reference_execution``, not in
+    ``executions``) gives each step's per-parameter gradient norms and operator dtypes, which
+    the sampled steps of later runs are compared with. Jobs with ``log`` evidence have none.
+    """
     if runs < 1:
         from infrarsi._candidate import UsageError
 
@@ -103,14 +154,16 @@ def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
         candidate = Candidate(knobs=ws.contract.baseline_knobs())
         batch = uuid.uuid4().hex
         results, executions = [], []
+        observed = ws.contract.task.evidence != "log"
+        planned = runs + observed
         if progress:
-            progress(0, runs, None)
+            progress(0, planned, None)
         for seq in range(runs):
             execution, result = ws.execute(candidate, kind="baseline", batch=batch, seq=seq)
             executions.append(execution)
             results.append(result)
             if progress:
-                progress(seq + 1, runs, result)
+                progress(seq + 1, planned, result)
             if result.status != "ok" or result.step_time_s is None:
                 raise BaselineFailed(
                     f"baseline run {seq + 1}/{runs} (execution {execution}) is {result.status}: "
@@ -119,5 +172,19 @@ def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
         timing = ws.contract.timing
         summary = summarise(results, executions, timing.warmup_steps, timing.measure_steps,
                             ws.contract.resources.peak_tflops)
+        if observed:
+            execution, result = _reference_run(ws, candidate, batch, runs)
+            if progress:
+                progress(planned, planned, result)
+            if result.status != "ok":
+                raise BaselineFailed(
+                    f"the baseline's reference run (every step observed; execution {execution}) is "
+                    f"{result.status}: {result.detail or 'no detail'}"
+                    + (f"\n--- stderr tail ---\n{result.stderr_tail[-1500:]}" if result.stderr_tail else ""))
+            found = observed_reference(result.receipts)
+            spread = {**summary.reference_spread,
+                      "param_grad_norms": _sampled_spread(results, found["param_grad_norms"])}
+            summary = replace(summary, reference={**summary.reference, **found}, reference_spread=spread,
+                              reference_execution=execution)
         ws.ledger.append_baseline(batch, summary.as_record())
     return summary

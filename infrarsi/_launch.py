@@ -1,27 +1,32 @@
-"""Starting one workload process: process group, memory guard, timeout, external clock.
+"""Starting one workload process: containment, memory guard, timeout, external clock.
 
 Everything here observes from outside the workload. Receipt lines arrive through
 a FIFO the runner owns and are stamped with the runner's monotonic clock the
 moment they are read; stdout lines are stamped the same way.
+
+Containment (the shim, the subreapers, the cgroup, strays) lives in ``_containment``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
-import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LaunchSpec", "LaunchResult", "launch", "tree_rss_bytes", "tree_memory", "GUARD_INTERVAL_S"]
+from infrarsi._containment import (STRAY_GRACE_S, _adopting_orphans, _Cgroup, _Containment, _shimmed, _ShimReport,
+                                   tree_memory, tree_rss_bytes)
+
+__all__ = ["GUARD_INTERVAL_S", "STRAY_GRACE_S", "LaunchResult", "LaunchSpec", "launch", "tree_memory",
+           "tree_rss_bytes"]
 
 GUARD_INTERVAL_S = 0.010  # the issue asks for at least every 20 ms
+_ROOT_PATIENCE_S = 5.0    # then the shim must have reaped its killed strays, or it is killed too
 _OOM_MARKERS = ("torch.OutOfMemoryError", "CUDA out of memory", "torch.cuda.OutOfMemoryError",
                 "DefaultCPUAllocator: can't allocate memory")
 _STDERR_TAIL = 8000
@@ -35,6 +40,7 @@ class LaunchSpec:
     timeout_s: float
     memory_limit_bytes: int
     receipts_fifo: Path | None = None
+    cgroups: bool = True             # False: the subreaper alone (tests; machines whose cgroups misbehave)
 
 
 @dataclass
@@ -43,69 +49,18 @@ class LaunchResult:
     detail: str
     exit_code: int | None
     started_ns: int
-    ended_ns: int
+    ended_ns: int                    # when the job's main process ended (strays are not timed)
     peak_rss_bytes: int              # highest tree RSS seen, or the kernel's high-water mark
     guard_samples: int
     guard_max_gap_ns: int = 0        # the longest time between two memory samples
     receipt_lines: list[tuple[int, str]] = field(default_factory=list)
     stdout_lines: list[tuple[int, str]] = field(default_factory=list)
     stderr_tail: str = ""
+    containment: dict = field(default_factory=dict)   # see _Containment.record
 
     @property
     def wall_s(self) -> float:
         return (self.ended_ns - self.started_ns) / 1e9
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as handle:
-                out.extend(int(c) for c in handle.read().split())
-        except OSError:
-            continue
-    return out
-
-
-def _tree(pid: int) -> list[int]:
-    seen, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.append(current)
-        stack.extend(_children(current))
-    return seen
-
-
-def tree_rss_bytes(pid: int) -> tuple[int, list[int]]:
-    """Resident bytes of ``pid`` and all its descendants, and their pids."""
-    rss, _, pids = tree_memory(pid)
-    return rss, pids
-
-
-def tree_memory(pid: int) -> tuple[int, int, list[int]]:
-    """(resident bytes now, sum of the high-water marks, pids) of ``pid`` and its descendants.
-
-    A process's ``VmHWM`` counts its own memory since exec, so a spike between two
-    samples still shows; the kernel's ``ru_maxrss`` at exit would also count the
-    driver's own size at fork (Linux keeps it across exec), so it is not used.
-    """
-    pids = _tree(pid)
-    total = high = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/status") as handle:
-                fields = dict(line.split(":", 1) for line in handle if line.startswith(("VmRSS", "VmHWM")))
-            total += int(fields["VmRSS"].split()[0]) * 1024
-            high += int(fields["VmHWM"].split()[0]) * 1024
-        except (OSError, IndexError, ValueError, KeyError):
-            continue
-    return total, high, pids
 
 
 class _LineReader(threading.Thread):
@@ -153,69 +108,70 @@ class _LineReader(threading.Thread):
         return "\n".join(self.tail)[-self.keep_tail:]
 
 
-def _kill_tree(pgid: int, pids: list[int]) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
-    for pid in pids:  # descendants that left the group (setsid) are killed too
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-# Runs first in the child: ask the kernel to SIGKILL it when infrarsi dies, even by SIGKILL
-# (which no handler sees), then become the workload. prctl(PR_SET_PDEATHSIG) survives exec.
-_DEATH_SHIM = ("import ctypes, os, signal, sys\n"
-               "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
-               "if os.getppid() != int(sys.argv[1]):\n    os._exit(137)\n"
-               "os.execv(sys.argv[2], sys.argv[3:])\n")
-
-
-def _dies_with_us(argv: list[str], env: dict | None) -> list[str]:
-    """The workload's argv behind the death shim on Linux; unchanged elsewhere, or if not found."""
-    if not sys.platform.startswith("linux") or not argv:
-        return argv
-    exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=(env or os.environ).get("PATH"))
-    if exe is None:
-        return argv  # let Popen report the missing program as before
-    return [sys.executable, "-S", "-E", "-c", _DEATH_SHIM, str(os.getpid()), exe, *argv]
-
-
 def launch(spec: LaunchSpec) -> LaunchResult:
     """Run one workload to its end, and return what was seen from outside."""
-    fifo_fd = fifo_keepalive = None
-    if spec.receipts_fifo is not None:
-        os.mkfifo(spec.receipts_fifo, 0o600)
-        fifo_fd = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
-        # Holding a write end ourselves means the reader never sees EOF before the
-        # workload opens the FIFO, or between its opens.
-        fifo_keepalive = os.open(spec.receipts_fifo, os.O_WRONLY)
+    fds: dict[str, int] = {}
+    cgroup = None
+    try:
+        if spec.receipts_fifo is not None:
+            os.mkfifo(spec.receipts_fifo, 0o600)
+            fds["fifo"] = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
+            # Holding a write end ourselves means the reader never sees EOF before the
+            # workload opens the FIFO, or between its opens.
+            fds["keepalive"] = os.open(spec.receipts_fifo, os.O_WRONLY)
+        fds["report"], fds["report_w"] = os.pipe()
+        os.set_blocking(fds["report"], False)
+        cgroup = _Cgroup.create() if spec.cgroups else None
+        with _adopting_orphans():
+            return _launch(spec, cgroup, fds)
+    finally:
+        for name in list(fds):
+            _close(fds, name)
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def _close(fds: dict[str, int], name: str) -> None:
+    fd = fds.pop(name, None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _launch(spec: LaunchSpec, cgroup: _Cgroup | None, fds: dict[str, int]) -> LaunchResult:
     started = time.monotonic_ns()
-    proc = subprocess.Popen(_dies_with_us(spec.argv, spec.env), cwd=spec.cwd, env=spec.env,
+    box = _Containment(cgroup, started)
+    argv = _shimmed(spec.argv, spec.env, fds["report_w"], cgroup.path / "cgroup.procs" if cgroup else None)
+    proc = subprocess.Popen(argv or spec.argv, cwd=spec.cwd, env=spec.env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            pass_fds=(fds["report_w"],) if argv else (), start_new_session=True)
+    _close(fds, "report_w")  # the shim holds the only write end now
+    box.root, box.shimmed = proc.pid, argv is not None
+    with contextlib.suppress(AttributeError, OSError):  # Linux 5.3 and later: readable once it ends
+        fds["pidfd"] = os.pidfd_open(proc.pid)
+    report = _ShimReport(fds["report"], fds.get("pidfd"))
     readers = {"out": _LineReader(proc.stdout.fileno(), keep_lines=True),
                "err": _LineReader(proc.stderr.fileno(), keep_lines=False, keep_tail=_STDERR_TAIL)}
-    if fifo_fd is not None:
-        readers["receipts"] = _LineReader(fifo_fd, keep_lines=True)
+    if "fifo" in fds:
+        readers["receipts"] = _LineReader(fds["fifo"], keep_lines=True)
     for reader in readers.values():
         reader.start()
 
     deadline = started + int(spec.timeout_s * 1e9)
     peak, samples, status, detail = 0, 0, None, ""
     last_sample, max_gap = 0, 0
-    wait_status, kernel_maxrss = None, 0
-    pids: list[int] = [proc.pid]
+    main_ended = None                 # when the shim said the workload ended
+    root_lost = False                 # the shim ended without saying it did: killed, or stopped
     try:
         while True:
-            pid, wstatus, usage = os.wait4(proc.pid, os.WNOHANG)
+            pid, wait_status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
-                wait_status, kernel_maxrss = wstatus, usage.ru_maxrss * 1024
                 break
-            rss, high, pids = tree_memory(proc.pid)
+            report.read()
             now = time.monotonic_ns()
+            if main_ended is None and report.status is not None:
+                main_ended = now
+            rss, high, _ = box.sample()
             if samples:
                 max_gap = max(max_gap, now - last_sample)
             last_sample = now
@@ -225,35 +181,41 @@ def launch(spec: LaunchSpec) -> LaunchResult:
                 status = "oom"
                 detail = (f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
                           f"(killed when the process tree's RSS reached {rss / 2**20:.0f} MB)")
-            elif now > deadline:
+            elif main_ended is None and now > deadline:
                 status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
-            if status:
-                _kill_tree(proc.pid, pids)
+            elif main_ended is not None and now - main_ended > (STRAY_GRACE_S + _ROOT_PATIENCE_S) * 1e9:
+                root_lost = True      # the shim did not end once its strays were killed
+            if status or root_lost:
+                root_lost = not box.kill_all() or root_lost
                 _, wait_status, usage = os.wait4(proc.pid, 0)
-                kernel_maxrss = usage.ru_maxrss * 1024
                 break
-            time.sleep(GUARD_INTERVAL_S)
+            if main_ended is not None and not box.killed and now - main_ended >= STRAY_GRACE_S * 1e9:
+                strays = box.live()
+                if strays:
+                    box.take_strays(strays)  # the shim reaps them, then ends as the workload did
+            report.wait(GUARD_INTERVAL_S)
     except BaseException:
         # ^C or SIGTERM while the job runs: the job is in its own session, so it
         # never saw the signal. Take the whole tree down before going.
-        _kill_tree(proc.pid, pids)
+        root_lost = not box.kill_all()
         os.wait4(proc.pid, 0)
+        box.sweep(root_lost)
+        _stop(readers, proc)
         raise
-    ended = time.monotonic_ns()
-    proc.returncode = os.waitstatus_to_exitcode(wait_status)
-    _kill_tree(proc.pid, pids)  # nothing the job started outlives it
-    if fifo_keepalive is not None:
-        os.close(fifo_keepalive)
-    for reader in readers.values():
-        reader.stop.set()
-        reader.join(timeout=5)
-    proc.stdout.close()
-    proc.stderr.close()
-    if fifo_fd is not None:
-        os.close(fifo_fd)
+    ended = main_ended or time.monotonic_ns()
+    report.read()
+    if box.shimmed and not status and not report.ended:
+        root_lost = True
+    box.sweep(root_lost)  # nothing the job started outlives it
+    exit_code = os.waitstatus_to_exitcode(wait_status)
+    if root_lost and not status and report.status is not None:
+        with contextlib.suppress(ValueError):
+            exit_code = os.waitstatus_to_exitcode(report.status)  # the workload's own, not the killed shim's
+    proc.returncode = exit_code
+    _close(fds, "keepalive")
+    _stop(readers, proc)
 
     stderr_tail = readers["err"].tail_text()
-    exit_code = proc.returncode
     if status is None:
         if exit_code == 0:
             status = "ok"  # a job that caught an out-of-memory error and went on finished
@@ -265,10 +227,19 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     return LaunchResult(status=status, detail=detail, exit_code=exit_code, started_ns=started,
                         ended_ns=ended,
                         # The kernel's figure only when no sample was taken (it also counts our own size).
-                        peak_rss_bytes=peak if status == "oom" or samples else kernel_maxrss,
+                        peak_rss_bytes=peak if status == "oom" or samples else usage.ru_maxrss * 1024,
                         guard_samples=samples, guard_max_gap_ns=max_gap,
                         receipt_lines=readers["receipts"].lines if "receipts" in readers else [],
-                        stdout_lines=readers["out"].lines, stderr_tail=stderr_tail)
+                        stdout_lines=readers["out"].lines, stderr_tail=stderr_tail,
+                        containment=box.record(report.joined, root_lost))
+
+
+def _stop(readers: dict[str, _LineReader], proc: subprocess.Popen) -> None:
+    for reader in readers.values():
+        reader.stop.set()
+        reader.join(timeout=5)
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 def _last_line(text: str) -> str:

@@ -21,10 +21,10 @@ from infrarsi._candidate import UsageError
 from infrarsi._contract import Contract
 from infrarsi._stored import (RUN_IDS, SCOPE_IDS, Evidence, SourceJudge, missing, run_evidence, source_key,
                               stored_sources)
-from infrarsi._verify import VERDICT_VERSION
+from infrarsi._verify import VERDICT_VERSION, stored_step_time
 from infrarsi.auditors import audit_check_ids
 from infrarsi.ledger import Ledger, LedgerError
-from infrarsi.verifiers import BaselineReference, CheckResult, Rules, check_speedup, judge_run
+from infrarsi.verifiers import BaselineReference, CheckResult, Rules, check_speedup, judge_run, runner_step_time
 
 __all__ = ["AuditReport", "audit_ledger"]
 
@@ -125,10 +125,11 @@ class _Batches:
         self._start(None)
 
     def _start(self, batch: str | None) -> None:
-        self.batch, self.anchor, self.contract = batch, None, None
+        self.batch, self.anchor, self.contract, self.anchor_row = batch, None, None, None
         self.planned: int | None = None
         self.rows, self.decided = 0, False
         self.times: dict[str, list[float]] = {"ab-baseline": [], "ab-candidate": []}
+        self.untimed = 0
 
     def add(self, row: dict, contract) -> list[tuple[int, CheckResult]]:
         done = []
@@ -136,10 +137,18 @@ class _Batches:
             done = self.flush()
             self._start(row.get("batch"))
         if row.get("kind") == "verify":
-            self.anchor, self.contract = row["id"], contract
+            self.anchor, self.contract, self.anchor_row = row["id"], contract, row
             self.planned = _planned_runs(self.ev, row)
-        elif row.get("kind") in self.times and row.get("step_time_s") is not None:
-            self.times[row["kind"]].append(row["step_time_s"])
+        elif row.get("kind") in self.times and row["status"] == "ok" and isinstance(contract, Contract):
+            # Today's step time: the mean period on the runner's clock, from the stored stamps
+            # (a row recorded when the probe's regions were the step time is timed anew).
+            run = run_evidence(self.ev, row)
+            step = None if isinstance(run, str) else runner_step_time(
+                run, contract.timing.warmup_steps, contract.timing.measure_steps)
+            if step is not None:
+                self.times[row["kind"]].append(step)
+            else:
+                self.untimed += 1
         if self.anchor is not None:
             self.rows += 1
             cut = row["status"] == "crash" and str(row.get("detail") or "").startswith("interrupted")
@@ -156,7 +165,12 @@ class _Batches:
         if self.anchor is None or not base or not isinstance(self.contract, Contract):
             return []
         pairs = min(len(base), len(cand))
-        check, _ = check_speedup(base[:pairs], cand[:pairs], float(self.contract.search.min_speedup), pairs)
+        if self.untimed:
+            return [(self.anchor, CheckResult("stats.speedup", "unchecked", f"{self.untimed} A/B run(s) have no "
+                                              "complete measured window on the runner's clock"))]
+        stored = stored_step_time(self.ev.summary(self.ev.baseline_for(self.anchor_row)) or {})
+        check, _ = check_speedup(base[:pairs], cand[:pairs], float(self.contract.search.min_speedup),
+                                 pairs, stored=stored)
         return [(self.anchor, check)]
 
 

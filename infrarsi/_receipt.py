@@ -37,7 +37,8 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         "environment": fingerprint,
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
         "required_checks": list(required_checks(ws.contract.numerics.require)),
-        "ab": {"order": "BAAB", "baseline_s": base_times, "candidate_s": cand_times},
+        # clock "runner": the step times are the mean periods between step ends on InfraRSI's own clock.
+        "ab": {"order": "BAAB", "clock": "runner", "baseline_s": base_times, "candidate_s": cand_times},
         "speedup": estimate.to_json(),
         "baseline": {"step_time_s": baseline_summary.get("step_time_s"),
                      "executions": baseline_summary.get("executions")},

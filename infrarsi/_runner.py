@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,11 +20,13 @@ from infrarsi._contract import Contract
 from infrarsi._environment import workload_env
 from infrarsi._fingerprint import environment_fingerprint
 from infrarsi._hashing import diff_hashes, hash_framework, hash_protected
+from infrarsi._interpreter import EnvironmentWatch
 from infrarsi._launch import GUARD_INTERVAL_S, LaunchSpec, launch
 from infrarsi._sources import pre_images
 from infrarsi._receipts import parse_receipts
 from infrarsi._sandbox import PatchRejected, make_sandbox
-from infrarsi.probe import RECEIPTS_ENV, STEPS_ENV
+from infrarsi.probe import RECEIPTS_ENV, SAMPLE_ENV, STEPS_ENV
+from infrarsi.verifiers import RunEvidence, region_share, window_periods
 
 __all__ = ["ExecutionInterrupted", "ExecutionResult", "Executor", "LocalExecutor", "build_argv"]
 
@@ -57,8 +60,23 @@ class ExecutionInterrupted(KeyboardInterrupt):
 _OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
 
 
+# Steps of each run at which the job's probe records the dtypes operators ran in and the
+# per-parameter gradient norms. Drawn by the runner for every execution, so the job can't
+# count on a step going unobserved; their periods are left out of the step time (the
+# observation itself costs time).
+SAMPLED_STEPS = 2
+
+
 class Executor(Protocol):
-    def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate) -> ExecutionResult: ...
+    def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate,
+            sample_all: bool = False) -> ExecutionResult: ...
+
+
+def sampling_plan(total_steps: int, rng: random.Random | None = None) -> list[int]:
+    """The steps to observe closely: ``SAMPLED_STEPS`` of 2..total (step 1 has no period before it)."""
+    rng = rng or random.SystemRandom()
+    candidates = range(2, total_steps + 1)
+    return sorted(rng.sample(candidates, min(SAMPLED_STEPS, len(candidates))))
 
 
 def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dict[str, str]]:
@@ -89,9 +107,14 @@ class LocalExecutor:
     def __init__(self, keep_sandbox: bool = False) -> None:
         self.keep_sandbox = keep_sandbox
         self._framework = hash_framework()
+        self._environment = EnvironmentWatch()
 
-    def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate) -> ExecutionResult:
-        """Execute ``candidate``; ``pinned`` is the manifest's {path: sha256}."""
+    def run(self, contract: Contract, pinned: dict[str, str], candidate: Candidate,
+            sample_all: bool = False) -> ExecutionResult:
+        """Execute ``candidate``; ``pinned`` is the manifest's {path: sha256}.
+
+        ``sample_all`` observes every step closely (the baseline's reference run), not a few.
+        """
         sources = pre_images(contract.workspace, candidate.patches)
         box = make_sandbox(contract.workspace)
         try:
@@ -105,7 +128,7 @@ class LocalExecutor:
                                                  "fingerprint": environment_fingerprint()})
             started = time.monotonic()
             try:
-                return self._launch(contract, pinned, candidate, box, before, sources)
+                return self._launch(contract, pinned, candidate, box, before, sources, sample_all)
             except ExecutionInterrupted:
                 raise
             except KeyboardInterrupt:
@@ -119,11 +142,14 @@ class LocalExecutor:
             if not self.keep_sandbox:
                 box.remove()
 
-    def _launch(self, contract, pinned, candidate, box, before, sources) -> ExecutionResult:
+    def _launch(self, contract, pinned, candidate, box, before, sources, sample_all) -> ExecutionResult:
         argv, knob_env = build_argv(contract, candidate)
         log_mode = contract.task.evidence == "log"
         extra = dict(knob_env)
         extra[STEPS_ENV] = str(contract.total_steps)
+        sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
+        if not log_mode:
+            extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
         if not log_mode:
             extra[RECEIPTS_ENV] = str(box.receipts)
         env = workload_env(os.environ, home=str(box.home), extra=extra)
@@ -145,11 +171,19 @@ class LocalExecutor:
 
         after = hash_protected(box.workspace, contract.protected_globs)
         framework_after = hash_framework()
+        environment = self._environment.after_run()
         integrity = {
             "protected_changed_before_run": diff_hashes(pinned, before),
             "protected_changed_by_run": diff_hashes(before, after),
             "protected_after": after,
             "framework_changed": diff_hashes(self._framework, framework_after),
+            "containment": seen.containment,
+            # What the run left in the interpreter's import folders (files it added are removed again).
+            "environment": environment,
+            "environment_changed": [f"{p} (added, removed again)" if p in environment["removed"] else f"{p} (added)"
+                                    for p in environment["added"]]
+                                   + [f"{p} (changed)" for p in environment["changed"]]
+                                   + [f"{p} (deleted)" for p in environment["deleted"]],
         }
         evidence = {
             "version": 1,
@@ -159,6 +193,7 @@ class LocalExecutor:
             "started_ns": seen.started_ns,
             "ended_ns": seen.ended_ns,
             "arrivals_ns": arrivals,
+            "sampled_steps": [] if log_mode else sampled,
             "stdout_lines": len(seen.stdout_lines),
             "bad_receipt_lines": receipts.bad_lines,
             "receipts_ended": receipts.ended,
@@ -171,12 +206,15 @@ class LocalExecutor:
         }
         if log_mode:
             evidence["stdout"] = [[stamp, text] for stamp, text in seen.stdout_lines[:10000]]
-        step_time = receipts.median_step_time(contract.timing.warmup_steps, contract.timing.measure_steps)
+        evidence["timing"] = _timing_evidence(RunEvidence.from_stored(lines, evidence), contract)
+        step_time = evidence["timing"]["step_time_s"]
         detail = seen.detail
         if seen.status == "ok" and step_time is None:
             detail = (f"finished, but the receipts hold no complete measured window "
-                      f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps})")
-        changed = integrity["protected_changed_by_run"] + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
+                      f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps}): "
+                      + evidence["timing"]["missing"])
+        changed = (integrity["protected_changed_by_run"] + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
+                   + integrity["environment_changed"])
         if changed:
             detail = (detail + "; " if detail else "") + "changed at run time: " + ", ".join(changed)
         return ExecutionResult(
@@ -187,3 +225,32 @@ class LocalExecutor:
             device_s=seen.wall_s, wall_s=seen.wall_s, stderr_tail=seen.stderr_tail,
             receipts=("\n".join(lines) + "\n").encode() if lines else b"",
             evidence=evidence, sources=sources)
+
+
+def _timing_evidence(run: RunEvidence, contract: Contract) -> dict:
+    """The step time on the runner's clock (the mean measured period), the periods, and the
+    probe's region share beside them; ``missing`` says why there is no step time."""
+    warmup, measure = contract.timing.warmup_steps, contract.timing.measure_steps
+    found = window_periods(run, warmup, measure)
+    if isinstance(found, str):
+        arrived = sorted({s.step for s in run.steps})
+        seen = f"steps that arrived: {_ranges(arrived)}" if arrived else "no step lines arrived"
+        return {"clock": "runner", "step_time_s": None, "periods_s": None, "region_share": None,
+                "missing": f"{found}; {seen} (steps count from 1)"}
+    steps, periods = found
+    share = region_share(run, warmup, measure)
+    return {"clock": "runner", "step_time_s": sum(periods) / len(periods), "steps": steps,
+            "periods_s": [round(p, 9) for p in periods],
+            "region_share": None if share is None else round(share, 4), "missing": None}
+
+
+def _ranges(numbers: list[int]) -> str:
+    """1, 2, 3, 7 -> '1..3, 7' (the first few runs only)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in spans[:6])
+    return text + (", ..." if len(spans) > 6 else "")

@@ -28,8 +28,8 @@ __all__ = ["Evidence", "SourceJudge", "RUN_IDS", "SCOPE_IDS", "missing", "run_ev
            "stored_sources"]
 
 SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected")
-RUN_IDS = ("integrity.protected", "integrity.framework", "timing.window", "timing.clock",
-           "numerics.loss", "numerics.grad_norm", "numerics.precision")
+RUN_IDS = ("integrity.protected", "integrity.framework", "integrity.containment", "timing.window",
+           "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision")
 
 
 class Evidence:
@@ -40,6 +40,7 @@ class Evidence:
         self.baselines = ledger.baseline_ids()
         self.contract = functools.lru_cache(maxsize=64)(self._contract)
         self.reference = functools.lru_cache(maxsize=64)(self._reference)
+        self.summary = functools.lru_cache(maxsize=64)(self._summary)
 
     def blob(self, digest: str | None) -> bytes | None:
         if not digest:
@@ -68,6 +69,14 @@ class Evidence:
         # Written before rows named their baseline: the newest one recorded before the row.
         earlier = [i for i, _, created in self.baselines if created <= row.get("created_at", "")]
         return earlier[-1] if earlier else None
+
+    def _summary(self, baseline_id: int | None) -> dict | None:
+        """A stored baseline's summary, or None where it can't be read."""
+        try:
+            stored = self.ledger.baseline(baseline_id) if baseline_id is not None else None
+        except LedgerError:
+            return None
+        return stored["summary"] if stored else None
 
     def _reference(self, baseline_id: int | None) -> BaselineReference | str:
         if baseline_id is None:
@@ -109,10 +118,7 @@ def run_evidence(ev: Evidence, row: dict) -> RunEvidence | str:
     if stored is None:
         return "the runner's evidence (clock stamps, integrity) is not in the ledger"
     data = json.loads(stored)
-    return RunEvidence(receipt_lines=receipts.decode("utf-8", "replace").splitlines(),
-                       arrivals_ns=data.get("arrivals_ns"), started_ns=data.get("started_ns"),
-                       ended_ns=data.get("ended_ns"), integrity=data.get("integrity"),
-                       evidence_kind=data.get("evidence_kind", "probe"))
+    return RunEvidence.from_stored(receipts.decode("utf-8", "replace").splitlines(), data)
 
 
 def source_key(row: dict, contract: Contract) -> tuple:

@@ -25,13 +25,13 @@ from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.verifiers import (RULE_VERSION, BaselineReference, CheckResult, Rules, RunEvidence, check_manifest,
                                 ab_order, check_scope, check_speedup, judge_run)
 
-__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS", "VERDICT_VERSION", "required_checks"]
+__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS", "VERDICT_VERSION", "required_checks", "stored_step_time"]
 
 # Every check a receipt must hold, each `pass`.
 REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected",
                    "integrity.manifest", *audit_check_ids(), "integrity.protected", "integrity.framework",
-                   "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision",
-                   "stats.speedup")
+                   "integrity.containment", "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm",
+                   "numerics.precision", "stats.speedup")
 
 
 def _rules_digest() -> str:
@@ -78,11 +78,15 @@ class VerifyOutcome:
 
 
 def _run_evidence(result: ExecutionResult) -> RunEvidence:
-    ev = result.evidence or {}
-    return RunEvidence(receipt_lines=result.receipts.decode("utf-8", "replace").splitlines(),
-                       arrivals_ns=ev.get("arrivals_ns"), started_ns=ev.get("started_ns"),
-                       ended_ns=ev.get("ended_ns"), integrity=ev.get("integrity"),
-                       evidence_kind=ev.get("evidence_kind", "probe"))
+    return RunEvidence.from_stored(result.receipts.decode("utf-8", "replace").splitlines(), result.evidence or {})
+
+
+def stored_step_time(summary: dict) -> tuple[float, float | None] | None:
+    """The stored baseline's (median step time, run-to-run CV) when it is on the runner's clock."""
+    step = summary.get("step_time_s") or {}
+    if summary.get("step_clock") != "runner" or not isinstance(step.get("median"), (int, float)):
+        return None
+    return float(step["median"]), step.get("cv")
 
 
 def _status_check(result: ExecutionResult, role: str) -> CheckResult | None:
@@ -188,7 +192,8 @@ class _Verification:
         base_times, cand_times = self._ab(rules, reference, checks)
         if base_times is None:
             return self._finish(_skipped_rest(checks, "not reached: an A/B run failed"))
-        stat, estimate = check_speedup(base_times, cand_times, float(contract.search.min_speedup), self.pairs)
+        stat, estimate = check_speedup(base_times, cand_times, float(contract.search.min_speedup), self.pairs,
+                                       stored=stored_step_time(self.summary))
         checks.append(stat)
         speedup = estimate.to_json() if estimate else None
         required = required_checks(contract.numerics.require)

@@ -19,6 +19,10 @@ probe's record format:
   else the 2-norm of the stepped optimizers' gradients just before the step.
 - parameter dtypes come from the optimizers' param groups, autocast states from
   the probe's autocast spy, the float32 matmul precision from torch.
+- at the steps the runner samples, the probe's sampler adds operator dtypes,
+  per-parameter gradient norms and the ``fp32_precision`` settings (see
+  :mod:`infrarsi.probe`); parameters are named from the modules called before the
+  first ``backward()`` (outermost first), as ``model.named_parameters()`` names them.
 
 With several optimizers stepped back to back (one per parameter group family),
 the step ends at the last of them. After ``$INFRARSI_STEPS`` steps the receipts
@@ -39,7 +43,8 @@ import time
 import weakref
 from typing import Any, Callable
 
-from infrarsi.probe import _PARAM_REFRESH, AUTOPROBE_ENV, _AutocastSpy, _dtype_name, from_env
+from infrarsi.probe import (_PARAM_REFRESH, AUTOPROBE_ENV, _AutocastSpy, _dtype_name, _legacy_matmul_precision,
+                            from_env)
 
 __all__ = ["AutoProbe", "main"]
 
@@ -85,6 +90,8 @@ class AutoProbe:
         self._closer: weakref.ref | None = None
         self._optimizers: list[weakref.ref] = []
         self._params: list[Any] = []
+        self._modules: list[weakref.ref] = []  # called before the first backward, outermost first
+        self._module_ids: set[int] = set()
         self._on_backward = self._guarded(self._before_backward)
         self._on_step_skipped = self._guarded(self._step_returned)
 
@@ -112,6 +119,10 @@ class AutoProbe:
         self.probe._write({"type": "meta", "adapter": "autoprobe", "t_ns": time.monotonic_ns(),
                            "loss": "sum of the scalars backward() was called on in the step",
                            "grad_norm": "clip_grad_norm_ result, else the 2-norm of the optimizers' grads"})
+        sampler = getattr(self.probe, "_sampler", None)
+        if sampler is not None:
+            sampler.modules = self._modules  # names for the parameters' gradients
+            self.probe._sample_from_start()
         return self
 
     def uninstall(self) -> None:
@@ -213,7 +224,11 @@ class AutoProbe:
     def _before_forward(self, module: Any, args: Any) -> None:
         if self.done:
             self._leave()
-        elif self._t0 is None and self.torch.is_grad_enabled():
+            return
+        if id(module) not in self._module_ids:
+            self._module_ids.add(id(module))
+            self._modules.append(weakref.ref(module))
+        if self._t0 is None and self.torch.is_grad_enabled():
             self._start_first_step()
 
     def _before_backward(self, tensors: Any) -> None:
@@ -277,6 +292,9 @@ class AutoProbe:
 
     def _end_step(self, skipped: bool) -> None:
         torch, probe = self.torch, self.probe
+        sampler = getattr(probe, "_sampler", None)
+        if sampler is not None:
+            sampler.pause()  # the receipt's own arithmetic is not the job's
         self._cuda_in_use()
         probe._sync(torch)
         t1 = time.monotonic_ns()
@@ -291,7 +309,7 @@ class AutoProbe:
             "peak_mem_bytes": probe._peak_mem(torch),
             "param_dtypes": self._param_dtypes(),
             "autocast": sorted(_AutocastSpy.seen | _AutocastSpy.active_now(torch)),
-            "fp32_matmul": torch.get_float32_matmul_precision(),
+            "fp32_matmul": _legacy_matmul_precision(torch, probe._cuda),
             "extra": extra,
         }
         probe._write_step(record)

@@ -10,6 +10,13 @@ with ``step``, ``t0_ns``, ``t1_ns``, ``tokens``, ``loss``, ``grad_norm``,
 dtypes of watched models, autocast states entered during the step, and the
 float32 matmul precision. Timestamps are ``time.monotonic_ns()``, the clock the
 runner stamps arrivals with, so the two can be compared directly.
+
+At the steps the runner samples (``$INFRARSI_SAMPLE``, read once and taken out of
+the environment) the probe also observes, from the moment the previous step's line
+is written to the moment the sampled step's line is, the dtypes operators really
+ran in (``ops``), each parameter's gradient norm before each optimizer step
+(``grads``) and every ``fp32_precision`` setting (``fp32_precision``); see
+:class:`_Sampler`. Unsampled steps cost what they cost without it.
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["Probe", "NullProbe", "from_env", "RECEIPTS_ENV", "STEPS_ENV", "AUTOPROBE_ENV"]
+__all__ = ["Probe", "NullProbe", "from_env", "RECEIPTS_ENV", "STEPS_ENV", "AUTOPROBE_ENV", "SAMPLE_ENV"]
 
 RECEIPTS_ENV = "INFRARSI_RECEIPTS"
 STEPS_ENV = "INFRARSI_STEPS"
 AUTOPROBE_ENV = "INFRARSI_AUTOPROBE"  # set by infrarsi.autoprobe while it records the steps
+SAMPLE_ENV = "INFRARSI_SAMPLE"  # the runner's sampled steps ("3,17" or "all"): operator dtypes, per-parameter grads
 RECEIPT_VERSION = 1
 _PARAM_REFRESH = 8
 
@@ -47,6 +55,40 @@ def _steps_from_env() -> int | None:
     except ValueError:
         return None
     return value if value > 0 else None
+
+
+ALL_STEPS = "all"
+_plan: frozenset[int] | str | None = None
+_plan_taken = False
+
+
+def _take_sample_plan() -> frozenset[int] | str | None:
+    """The runner's sampled steps (a set, or ``"all"``), read once per process and taken out of the environment.
+
+    Taken out of ``os.environ`` (and so out of every process the job starts) at once, so the job
+    can't count on seeing which steps are observed. The process's initial environment block,
+    ``/proc/self/environ``, still holds it: a job can dig it out there, which is why the static
+    rules flag any ``INFRARSI_*`` access beyond the loop bound.
+    """
+    global _plan, _plan_taken
+    if not _plan_taken:
+        _plan_taken = True
+        _plan = _parse_plan(os.environ.pop(SAMPLE_ENV, None))
+    return _plan
+
+
+def _parse_plan(raw: str | None) -> frozenset[int] | str | None:
+    if not raw:
+        return None
+    if raw.strip() == ALL_STEPS:
+        return ALL_STEPS
+    steps = set()
+    for part in raw.split(","):
+        try:
+            steps.add(int(part))
+        except ValueError:
+            continue
+    return frozenset(s for s in steps if s > 0) or None
 
 
 class _AutocastSpy:
@@ -118,7 +160,8 @@ class Probe(NullProbe):
 
     enabled = True
 
-    def __init__(self, path: str, total_steps: int | None = None) -> None:
+    def __init__(self, path: str, total_steps: int | None = None,
+                 sample: frozenset[int] | str | None = None) -> None:
         self.total_steps = total_steps
         self._file = open(path, "a", buffering=1, encoding="utf-8")
         self._models: list[weakref.ref] = []
@@ -130,6 +173,9 @@ class Probe(NullProbe):
         self._cuda = False  # True from the first step on which the script has initialised CUDA
         self._write({"type": "meta", "version": RECEIPT_VERSION, "pid": os.getpid(),
                      "t_ns": time.monotonic_ns()})
+        self._sampler = _Sampler(self, sample) if sample else None
+        self._lines = 0  # step lines written
+        self._sample_from_start()
 
     # -- recording -----------------------------------------------------------
     def meta(self, **fields: Any) -> None:
@@ -137,7 +183,7 @@ class Probe(NullProbe):
         self._write({"type": "meta", "declared": fields, "t_ns": time.monotonic_ns()})
 
     def watch(self, model: Any) -> Any:
-        """Observe ``model``'s parameter dtypes at every step; returns the model."""
+        """Observe ``model``'s parameter dtypes at every step (and name its parameters' gradients); returns it."""
         self._models.append(weakref.ref(model))
         return model
 
@@ -185,6 +231,8 @@ class Probe(NullProbe):
 
     def close(self) -> None:
         self._flush_pending()
+        if self._sampler is not None:
+            self._sampler.close({})  # a window after the last line belongs to no step
         self._write({"type": "end", "t_ns": time.monotonic_ns()})
         self._file.close()
 
@@ -194,13 +242,27 @@ class Probe(NullProbe):
         self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n")
 
     def _write_step(self, record: dict[str, Any]) -> None:
+        sampler = self._sampler
+        if sampler is not None and sampler.step is not None:
+            sampler.close(record)
         # The per-step line is formatted by hand: json.dumps is most of the probe's cost.
         try:
             parts = [f'"{key}":{_ENCODERS[key](value)}' for key, value in record.items()]
         except (KeyError, TypeError, ValueError):
             self._write(record)
-            return
-        self._file.write("{" + ",".join(parts) + "}\n")
+        else:
+            self._file.write("{" + ",".join(parts) + "}\n")
+        self._lines += 1
+        if sampler is not None:
+            after = record.get("step")
+            if (type(after) is int and (sampler.plan is ALL_STEPS or after + 1 in sampler.plan)
+                    and (self.total_steps is None or after < self.total_steps)):
+                sampler.open(after + 1)
+
+    def _sample_from_start(self) -> None:
+        """Observe step 1 from now on if it is sampled (the autoprobe calls this once torch is loaded)."""
+        if self._sampler is not None and self._lines == 0 and self._sampler.wants(1):
+            self._sampler.open(1)
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
@@ -243,10 +305,9 @@ class Probe(NullProbe):
         out: dict[str, Any] = {"autocast": sorted(_AutocastSpy.seen | _AutocastSpy.active_now(torch))}
         if self._models:
             out["param_dtypes"] = sorted(dtypes)
-        try:
-            out["fp32_matmul"] = torch.get_float32_matmul_precision()
-        except AttributeError:
-            pass
+        matmul = _legacy_matmul_precision(torch, self._cuda)
+        if matmul is not None:
+            out["fp32_matmul"] = matmul
         return out
 
 
@@ -275,6 +336,344 @@ class _Step:
     def __exit__(self, *exc: Any) -> bool:
         self.probe._exit(self.torch, self.step, self.tokens, self.t0)
         return False
+
+
+# -- the sampled steps ---------------------------------------------------------------------
+class _Sampler:
+    """Close observation of the runner's sampled steps; unsampled steps never get here.
+
+    A window opens when the line of the step before a sampled one is written (at the start,
+    for step 1) and closes when the sampled step's line is written, so work a job moves
+    outside ``with p.step(...)`` is still inside it. While it is open:
+
+    - a ``TorchDispatchMode`` records ``op:dtype`` for every math operator (matmul, linear,
+      convolution, attention, RNN; forward and backward, as dispatched after autograd and
+      autocast) and every operator that touches a float type narrower than float32, casts
+      included (``_to_copy:bfloat16``). A higher-order operator is recorded with the dtypes it
+      is given; what runs inside it is not seen. Under a dispatch mode torch.compile runs the
+      compiled frames eagerly, so a compiled job's sampled step is observed as eager code and
+      says so in ``ops_note``;
+    - a global optimizer pre-step hook records each parameter's gradient norm (``grads``;
+      ``None``: no gradient) and, for parameters of two or more dimensions, the norm of its
+      smallest row (``grad_min_rows``), named from watched models or the modules the
+      autoprobe saw called, else ``optimizer.group.index[shape]``.
+
+    At the close the ``fp32_precision`` settings are read too. Nothing here may break the
+    job: an observation that fails is left out of the record, which the verifiers treat as
+    missing evidence.
+    """
+
+    def __init__(self, probe: Probe, plan: frozenset[int] | str) -> None:
+        self.probe = probe
+        self.plan = ALL_STEPS if plan == ALL_STEPS else frozenset(plan)  # the writer tests `is ALL_STEPS`
+        self.step: int | None = None        # the step the open window belongs to
+        self.spy: Any = None
+        self.hook: Any = None
+        self.grads: dict[str, float | None] | None = {}
+        self.rows: dict[str, float] = {}   # the smallest row's gradient norm, of 2-D and larger parameters
+        self.names: dict[int, str] | None = None
+        self.optimizers: list[weakref.ref] = []  # in the order first seen stepping
+        self.modules: list[weakref.ref] = []     # modules the autoprobe saw called, outermost first
+
+    def wants(self, step: int) -> bool:
+        return self.plan == ALL_STEPS or step in self.plan
+
+    def open(self, step: int) -> None:
+        torch = _torch()
+        if torch is None or self.step is not None:
+            return
+        try:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            spy = _spy_class()()
+            self.names = None  # named at the first optimizer step: p.watch() may come after the window opens
+            self.grads, self.rows = {}, {}
+            self.hook = register_optimizer_step_pre_hook(self._before_optimizer)
+            spy.__enter__()
+        except Exception:  # noqa: BLE001 - an older torch: the step goes unobserved (and says so)
+            if self.hook is not None:
+                self.hook.remove()
+                self.hook = None
+            return
+        self.spy, self.step = spy, step
+
+    def pause(self) -> None:
+        """Stop recording operators: what runs next is InfraRSI's own bookkeeping."""
+        if self.spy is not None:
+            self.spy.recording = False
+
+    def close(self, record: dict[str, Any]) -> None:
+        """End the window; if ``record`` is the sampled step's, add what was seen to it."""
+        step, spy, hook = self.step, self.spy, self.hook
+        self.step = self.spy = self.hook = None
+        if spy is None:
+            return
+        spy.recording = False
+        try:
+            hook.remove()
+            _pop_spy(spy)
+        except Exception:  # noqa: BLE001 - the job rearranged the mode stack: no evidence for this step
+            return
+        if record.get("step") != step:
+            return  # the job wrote another step's line: the window is not that step's
+        record["ops"] = sorted({f"{name}:{_dtype_name(dtype)}" for name, dtype in spy.seen})
+        if self.grads is not None:
+            record["grads"] = self.grads
+            record["grad_min_rows"] = self.rows
+        torch = _torch()
+        record["fp32_precision"] = _fp32_precision(torch, self.probe._cuda)
+        if _compiled(torch):
+            record["ops_note"] = ("torch.compile: compiled frames ran eagerly while observed (dynamo does not "
+                                  "run compiled code under a dispatch mode); the compiled kernels are not seen")
+
+    # -- gradients -------------------------------------------------------------------------
+    def _before_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        spy = self.spy
+        if spy is None or self.grads is None:
+            return
+        recording, spy.recording = spy.recording, False
+        try:
+            self._record_grads(optimizer)
+        except Exception:  # noqa: BLE001 - training goes on; the step's grads are missing evidence
+            self.grads = None
+        finally:
+            spy.recording = recording
+
+    def _record_grads(self, optimizer: Any) -> None:
+        torch = _torch()
+        index = self._optimizer_index(optimizer)
+        if self.names is None:
+            self.names = self._param_names()
+        names, grads = [], []
+        for g, group in enumerate(optimizer.param_groups):
+            for i, param in enumerate(group["params"]):
+                name = self.names.get(id(param))
+                if name is None:
+                    name = f"{index}.{g}.{i}[{'x'.join(map(str, param.shape))}]"
+                names.append(name)
+                grads.append(param.grad)
+        with torch.no_grad():
+            norms, rows = _grad_norms(torch, grads)
+        for name, norm, row in zip(names, norms, rows):
+            self.grads[name] = norm
+            if row is not None:
+                self.rows[name] = row
+
+    def _optimizer_index(self, optimizer: Any) -> int:
+        for index, ref in enumerate(self.optimizers):
+            if ref() is optimizer:
+                return index
+        self.optimizers.append(weakref.ref(optimizer))
+        return len(self.optimizers) - 1
+
+    def _param_names(self) -> dict[int, str]:
+        """id(parameter) -> its name in the outermost watched model or module that holds it."""
+        roots = [m for ref in self.probe._models + self.modules if (m := ref()) is not None]
+        names: dict[int, str] = {}
+        used: set[str] = set()
+        for index, module in enumerate(roots):
+            try:
+                first = next(module.parameters(), None)
+                if first is None or id(first) in names:
+                    continue  # a submodule of a root already named (or a parameterless one)
+                for name, param in module.named_parameters():
+                    if id(param) in names:
+                        continue
+                    if name in used:  # two separate models: the later one's names get its index
+                        name = f"{index}/{name}"
+                    names[id(param)] = name
+                    used.add(name)
+            except Exception:  # noqa: BLE001, S112 - a module that can't list its parameters is not named
+                continue
+        return names
+
+
+def _grad_norms(torch: Any, grads: list[Any]) -> tuple[list[float | None], list[float | None]]:
+    """Each gradient's 2-norm and, for those of two or more dimensions, its smallest row's 2-norm.
+
+    None where there is no gradient (or no rows). The smallest row shows what a whole norm
+    can't: a fused ``qkv`` whose query and key rows get nothing, next to value rows with a
+    thousand times their gradient. Norms are taken in float32 or wider, with one host copy.
+    """
+    norms: list[float | None] = [None] * len(grads)
+    rows: list[float | None] = [None] * len(grads)
+    present = [(i, g) for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return norms, rows
+    dense = [(i, g.coalesce().values() if g.is_sparse else g) for i, g in present]
+    try:
+        tensors = [g for _, g in dense]
+        if all(g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided for g in tensors):
+            whole = list(torch._foreach_norm(tensors))
+        else:
+            whole = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in tensors]
+        least = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32).amin()
+                 for _, g in dense if g.dim() >= 2 and g.shape[0] and g[0].numel()]
+        device = whole[0].device
+        values = torch.stack([n.to(device=device, dtype=torch.float64) for n in whole + least]).tolist()
+    except Exception:  # noqa: BLE001 - odd layouts or several devices: norms one at a time, no rows
+        values = []
+        for _, g in dense:
+            try:
+                values.append(float(torch.linalg.vector_norm(g.detach().double())))
+            except Exception:  # noqa: BLE001
+                values.append(math.nan)
+    taken = iter(values[len(dense):])
+    for (i, g), value in zip(dense, values):
+        norms[i] = float(f"{value:.7g}")
+        if len(values) > len(dense) and g.dim() >= 2 and g.shape[0] and g[0].numel():
+            rows[i] = float(f"{next(taken):.7g}")
+    return norms, rows
+
+
+_SPY: Any = None
+_KINDS: dict[Any, tuple[str, bool]] = {}   # operator -> (name, is a math operator)
+_MATH_WORDS = ("matmul", "linear", "conv", "attention", "einsum", "addmv", "lstm", "gru", "rnn", "tensordot")
+_MATH_NAMES = frozenset({"mv", "dot", "vdot", "inner", "outer", "ger", "addr"})
+
+
+def _classify(func: Any) -> tuple[str, bool]:
+    name = getattr(func, "_opname", None) or getattr(func, "_name", None) or str(func)
+    if not hasattr(func, "_opname"):  # a higher-order operator: what it is given counts
+        return str(name), True
+    base = str(name).lstrip("_")
+    math_op = (base in _MATH_NAMES or base.endswith("mm") or "addmm" in base
+               or any(word in base for word in _MATH_WORDS if word != "conv")
+               or ("conv" in base and "convert" not in base))
+    return str(name), math_op
+
+
+def _spy_class() -> type:
+    """The dispatch mode, defined once torch is loaded (the probe never imports torch itself)."""
+    global _SPY
+    if _SPY is not None:
+        return _SPY
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    low = {d for d in (getattr(torch, n, None) for n in (
+        "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "float8_e8m0fnu", "float4_e2m1fn_x2")) if d is not None}
+    math_dtypes = low | {torch.float32, torch.float64, torch.int8, torch.uint8}
+    tensor_type, dtype_type = torch.Tensor, torch.dtype
+
+    def note(seen: set, func: Any, args: Any, kwargs: dict) -> None:
+        kind = _KINDS.get(func)
+        if kind is None:
+            kind = _KINDS[func] = _classify(func)
+        name, math_op = kind
+        wanted = math_dtypes if math_op else low
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, tensor_type):
+                if value.dtype in wanted:
+                    seen.add((name, value.dtype))
+            elif isinstance(value, dtype_type):  # a cast's or a factory's target
+                if value in low:
+                    seen.add((name, value))
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    if isinstance(item, tensor_type) and item.dtype in wanted:
+                        seen.add((name, item.dtype))
+
+    class _OpSpy(TorchDispatchMode):
+        supports_higher_order_operators = True  # recorded with the dtypes they are given
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.recording = True
+            self.seen: set[tuple[str, Any]] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if kwargs is None:
+                kwargs = {}
+            if self.recording:
+                try:
+                    note(self.seen, func, args, kwargs)
+                except Exception:  # noqa: BLE001, S110 - observing must never break an operator
+                    pass
+            return func(*args, **kwargs)
+
+    _SPY = _OpSpy
+    return _SPY
+
+
+def _pop_spy(spy: Any) -> None:
+    """Take ``spy`` off the dispatch mode stack, leaving any mode the job pushed above it in place."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
+
+    above = []
+    try:
+        while (top := _get_current_dispatch_mode()) is not None and top is not spy:
+            above.append(_pop_mode())
+        if top is spy:
+            spy.__exit__(None, None, None)
+    finally:
+        for mode in reversed(above):
+            _push_mode(mode)
+
+
+def _compiled(torch: Any) -> bool:
+    """Whether torch.compile has produced a graph in this process (its frames run eagerly when observed)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(dynamo is not None and dynamo.counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# torch.backends attributes holding an fp32_precision setting ("ieee", "tf32", "bf16", "none").
+# The CUDA ones count only for a job that uses CUDA (they change nothing on a CPU).
+_FP32_SETTINGS = (("backends", (), False), ("mkldnn", ("mkldnn",), False),
+                  ("mkldnn.matmul", ("mkldnn", "matmul"), False), ("mkldnn.conv", ("mkldnn", "conv"), False),
+                  ("mkldnn.rnn", ("mkldnn", "rnn"), False), ("cuda.matmul", ("cuda", "matmul"), True),
+                  ("cudnn", ("cudnn",), True), ("cudnn.conv", ("cudnn", "conv"), True),
+                  ("cudnn.rnn", ("cudnn", "rnn"), True))
+
+
+def _fp32_setting(torch: Any, path: tuple[str, ...]) -> str | None:
+    try:
+        obj = torch.backends
+        for part in path:
+            obj = getattr(obj, part)
+        value = getattr(obj, "fp32_precision", None)
+    except Exception:  # noqa: BLE001 - an older torch, or a backend that can't say
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _fp32_precision(torch: Any, cuda: bool) -> dict[str, str]:
+    """Every fp32_precision setting that governs this job's math, and the legacy matmul mode."""
+    out = {}
+    if torch is None:
+        return out
+    for key, path, cuda_only in _FP32_SETTINGS:
+        if cuda_only and not cuda:
+            continue
+        value = _fp32_setting(torch, path)
+        if value is not None:
+            out[key] = value
+    legacy = _legacy_matmul_precision(torch, cuda)
+    if legacy is not None:
+        out["legacy_matmul"] = legacy
+    return out
+
+
+def _legacy_matmul_precision(torch: Any, cuda: bool) -> str | None:
+    """``torch.get_float32_matmul_precision()``, even where torch refuses to answer.
+
+    Once a job has set ``fp32_precision`` through the newer API so that the backends disagree,
+    the legacy getter raises. Then the lowest of the settings governing this job's matmuls is
+    given in the legacy spelling (bf16: "medium", tf32: "high", else "highest").
+    """
+    getter = getattr(torch, "get_float32_matmul_precision", None)
+    if getter is None:
+        return None
+    try:
+        return getter()
+    except RuntimeError:
+        paths = [(), ("mkldnn", "matmul")] + ([("cuda", "matmul")] if cuda else [])
+        values = {_fp32_setting(torch, path) for path in paths}
+        return "medium" if "bf16" in values else "high" if "tf32" in values else "highest"
 
 
 def _int_or_null(value: Any) -> str:
@@ -310,6 +709,9 @@ _ENCODERS = {
     "tokens": _int_or_null, "loss": _float_or_null, "grad_norm": _float_or_null,
     "peak_mem_bytes": _int_or_null, "autocast": _str_list, "param_dtypes": _str_list,
     "fp32_matmul": _string, "extra": lambda v: json.dumps(v, allow_nan=True),
+    "ops": _str_list, "grads": lambda v: json.dumps(v, allow_nan=True),
+    "grad_min_rows": lambda v: json.dumps(v, allow_nan=True), "fp32_precision": json.dumps,
+    "ops_note": _string,
 }
 
 
@@ -327,6 +729,7 @@ def from_env() -> NullProbe:
     Under ``evidence = "auto"`` the autoprobe already records every step, so a probe the
     script makes itself stays silent (it still tells the script the step count).
     """
+    sample = _take_sample_plan()
     path = os.environ.get(RECEIPTS_ENV)
     if not path:
         return NullProbe()
@@ -334,7 +737,7 @@ def from_env() -> NullProbe:
         quiet = NullProbe()
         quiet.total_steps = _steps_from_env()
         return quiet
-    return Probe(path, total_steps=_steps_from_env())
+    return Probe(path, total_steps=_steps_from_env(), sample=sample)
 
 
 def _resident_high_water() -> int:

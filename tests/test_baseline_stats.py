@@ -25,8 +25,10 @@ def run(step_ms: list[float], losses: list[float], peak_mb: float) -> ExecutionR
         t = t1 + 1000
     lines.append(json.dumps({"type": "end", "t_ns": t}))
     measured = sorted(step_ms[WARMUP:WARMUP + MEASURE])[MEASURE // 2] / 1000
+    periods = [ms / 1000 for ms in step_ms[WARMUP:WARMUP + MEASURE]]  # the runner's periods, as it records them
     return ExecutionResult(Candidate(knobs={"mode": "ok"}), "ok", step_time_s=measured, peak_mem_mb=peak_mb,
-                           receipts=("\n".join(lines) + "\n").encode())
+                           receipts=("\n".join(lines) + "\n").encode(),
+                           evidence={"timing": {"clock": "runner", "periods_s": periods}})
 
 
 def test_baseline_statistics_from_known_step_times():
@@ -54,3 +56,35 @@ def test_one_run_takes_its_own_step_to_step_noise():
     assert summary.step_time_s["median"] == pytest.approx(0.100)
     assert summary.step_time_s["mad"] == 0
     assert summary.step_time_s["cv"] == pytest.approx(0.010 / 0.100)  # stdev of 90/100/110 ms over their mean
+
+
+def test_the_reference_run_gives_each_steps_parameter_gradients_and_operators():
+    from infrarsi._baseline import _sampled_spread, observed_reference
+    from infrarsi.verifiers import BaselineReference
+
+    lines = [json.dumps({"type": "meta"}),
+             json.dumps({"type": "step", "step": 1, "loss": 2.0, "ops": ["mm:float32"],
+                         "grads": {"w": 0.5, "b": None}, "grad_min_rows": {"w": 0.1}}),
+             json.dumps({"type": "step", "step": 2, "loss": 1.9}),  # a step without observations
+             json.dumps({"type": "step", "step": 3, "ops": ["addmm:float32"], "grads": {"w": 0.25}})]
+    found = observed_reference(("\n".join(lines) + "\n").encode())
+    assert found == {"param_grad_norms": {"1": {"w": 0.5, "b": None}, "3": {"w": 0.25}},
+                     "param_grad_min_rows": {"1": {"w": 0.1}}, "ops": {"1": ["mm:float32"], "3": ["addmm:float32"]}}
+    # As the ledger stores it (JSON keys), as the verifiers read it (step numbers).
+    reference = BaselineReference.from_summary({"reference": json.loads(json.dumps(found))})
+    assert reference.param_grad_norms == {1: {"w": 0.5, "b": None}, 3: {"w": 0.25}}
+    # The timed runs' own sampled steps against the reference: how reproducible the job is.
+    timed = run([500, 100, 100, 100], [4.0, 3.0, 2.0, 1.0], 300.0)
+    sampled_line = json.dumps({"type": "step", "step": 3, "grads": {"w": 0.2525}})
+    timed = ExecutionResult(timed.candidate, "ok", receipts=timed.receipts + (sampled_line + "\n").encode())
+    assert _sampled_spread([timed], found["param_grad_norms"]) == pytest.approx(0.01)
+
+
+def test_a_summary_without_a_reference_run_still_loads():
+    from infrarsi.verifiers import BaselineReference
+
+    summary = summarise([run([500, 99, 100, 101], [4.0, 3.0, 2.0, 1.0], 300.0)], [1], WARMUP, MEASURE, 0.1)
+    assert summary.reference_execution is None
+    stored = json.loads(json.dumps(summary.as_record()))
+    reference = BaselineReference.from_summary(stored)
+    assert reference.loss == pytest.approx([4.0, 3.0, 2.0, 1.0]) and reference.param_grad_norms == {}

@@ -45,6 +45,16 @@ class RunEvidence:
     ended_ns: int | None = None
     integrity: dict | None = None
     evidence_kind: str = "probe"
+    sampled_steps: tuple[int, ...] | None = None   # the runner's plan; None: recorded before sampling existed
+
+    @classmethod
+    def from_stored(cls, receipt_lines: list[str], evidence: dict) -> "RunEvidence":
+        """From receipt lines and the runner's evidence dict as the ledger keeps it."""
+        sampled = evidence.get("sampled_steps")
+        return cls(receipt_lines=receipt_lines, arrivals_ns=evidence.get("arrivals_ns"),
+                   started_ns=evidence.get("started_ns"), ended_ns=evidence.get("ended_ns"),
+                   integrity=evidence.get("integrity"), evidence_kind=evidence.get("evidence_kind", "probe"),
+                   sampled_steps=tuple(sampled) if isinstance(sampled, list) else None)
 
     @functools.cached_property
     def steps(self) -> list[StepRecord]:
@@ -54,14 +64,43 @@ class RunEvidence:
 
 @dataclass(frozen=True)
 class BaselineReference:
-    """The baseline's per-step trajectories (index 0 is step 1) and tokens per step."""
+    """The baseline's per-step trajectories (index 0 is step 1) and tokens per step.
+
+    ``param_grad_norms``, ``param_grad_min_rows`` and ``ops`` come from the baseline's reference
+    run, observed at every step: step -> {parameter name: gradient norm, None where it had
+    none}, step -> {parameter name: its smallest row's gradient norm} and step -> the
+    ``op:dtype`` entries seen. Empty for baselines recorded before sampling existed.
+    """
 
     loss: list[float | None] = field(default_factory=list)
     grad_norm: list[float | None] = field(default_factory=list)
     tokens_per_step: int | None = None
+    param_grad_norms: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    param_grad_min_rows: dict[int, dict[str, float]] = field(default_factory=dict)
+    ops: dict[int, list[str]] = field(default_factory=dict)
+    observed: bool = False   # a reference run observed every step (empty maps then: a job torch doesn't run)
 
     @classmethod
     def from_summary(cls, summary: dict) -> "BaselineReference":
         reference = summary.get("reference") or {}
         return cls(loss=list(reference.get("loss") or []), grad_norm=list(reference.get("grad_norm") or []),
-                   tokens_per_step=summary.get("tokens_per_step"))
+                   tokens_per_step=summary.get("tokens_per_step"),
+                   param_grad_norms=_by_step(reference.get("param_grad_norms"), dict),
+                   param_grad_min_rows=_by_step(reference.get("param_grad_min_rows"), dict),
+                   ops=_by_step(reference.get("ops"), list),
+                   observed=summary.get("reference_execution") is not None)
+
+
+def _by_step(stored, kind: type) -> dict:
+    """{"3": value} as JSON keeps it -> {3: value}; entries of another shape are left out."""
+    if not isinstance(stored, dict):
+        return {}
+    out = {}
+    for key, value in stored.items():
+        try:
+            step = int(key)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, kind):
+            out[step] = value
+    return out

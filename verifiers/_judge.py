@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ._evidence import BaselineReference, RunEvidence
 from ._integrity import check_run_integrity
-from ._numerics import check_precision, check_trajectory
+from ._numerics import check_grad_norm, check_precision, check_trajectory
 from ._result import CheckResult
 from ._timing import check_clock, check_window
 
@@ -14,7 +14,7 @@ __all__ = ["Rules", "judge_run", "RULE_VERSION"]
 
 # Bumped whenever a verifier's judgement can change for the same evidence; stored with
 # every verdict so `infrarsi audit` can say which rule version gave it.
-RULE_VERSION = "verifiers-1"
+RULE_VERSION = "verifiers-2"  # 2: operator dtypes and per-parameter gradient norms at sampled steps
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ def judge_run(run: RunEvidence, reference: BaselineReference, rules: Rules) -> l
         check_window(run, rules.warmup_steps, rules.measure_steps, reference.tokens_per_step),
         check_clock(run, rules.warmup_steps, rules.measure_steps),
         check_trajectory("loss", steps, reference, rules.loss_rtol, total, "loss" in rules.require),
-        check_trajectory("grad_norm", steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require),
-        check_precision(steps, list(rules.precision), "precision" in rules.require),
+        check_grad_norm(steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require,
+                        run.sampled_steps),
+        check_precision(steps, list(rules.precision), "precision" in rules.require, run.sampled_steps, reference),
     ]

@@ -68,6 +68,9 @@ __all__ = [
     "SpeedupEstimate",
     "ab_order",
     "check_speedup",
+    "baseline_drift",
+    "DRIFT_FLOOR",
+    "DRIFT_CV_MULTIPLE",
     "estimate_speedup",
     "min_detectable_speedup",
     "t_quantile",
@@ -204,17 +207,44 @@ def min_detectable_speedup(cv: float, pairs: int, min_speedup: float, confidence
     return min_speedup * math.exp(t * math.sqrt(2.0) * sigma / math.sqrt(pairs))
 
 
+# The A/B's baseline arm may differ from the stored baseline by this much before the
+# comparison is distrusted: the larger of a fixed floor (a machine's load changes between
+# `infrarsi baseline` and a later verify) and a multiple of the stored run-to-run CV.
+DRIFT_FLOOR = 0.15
+DRIFT_CV_MULTIPLE = 5.0
+
+
+def baseline_drift(baseline_s: list[float], stored_median_s: float, stored_cv: float | None) -> str | None:
+    """Why the A/B's baseline arm can't be trusted against the stored baseline, or None.
+
+    A job that slows the runs after it (a process left behind, a machine it loaded)
+    makes the baseline arm slower than the baseline ever was, and its own arm look fast.
+    """
+    if not baseline_s or not stored_median_s or stored_median_s <= 0:
+        return None
+    arm = float(np.median(baseline_s))
+    allowed = max(DRIFT_FLOOR, DRIFT_CV_MULTIPLE * (stored_cv or 0.0))
+    if abs(math.log(arm / stored_median_s)) <= math.log1p(allowed):
+        return None
+    return (f"the A/B's baseline runs took {arm:.4g} s a step (median), the stored baseline {stored_median_s:.4g} s: "
+            f"a drift of {arm / stored_median_s - 1:+.0%}, beyond the {allowed:.0%} its noise allows; "
+            "something changed the machine between runs (re-run `infrarsi baseline` on a quiet machine)")
+
+
 def check_speedup(
     baseline_s: list[float],
     candidate_s: list[float],
     min_speedup: float,
     pairs_required: int,
     confidence: float = 0.95,
+    stored: tuple[float, float | None] | None = None,
 ) -> tuple[CheckResult, SpeedupEstimate | None]:
     """``stats.speedup``: passes only when the lower bound of the speedup is above ``min_speedup``.
 
     The result is ``unchecked`` (which fails) when the lists differ in length, there are
-    fewer than ``max(pairs_required, 2)`` pairs, or any time is non-finite or <= 0.
+    fewer than ``max(pairs_required, 2)`` pairs, or any time is non-finite or <= 0, and when
+    ``stored`` (the stored baseline's median step time and CV, on the same clock) is given
+    and the baseline arm drifted from it beyond what that noise allows.
     """
     cid = "stats.speedup"
     baseline_s, candidate_s = list(baseline_s), list(candidate_s)
@@ -236,6 +266,9 @@ def check_speedup(
                 "ci_low": est.ci_low, "ci_high": est.ci_high}
     summary = (f"speedup {est.median:.3f}x [{est.ci_low:.3f}, {est.ci_high:.3f}]"
                f" ({confidence:.0%} one-sided bounds over {est.pairs} pairs)")
+    drifted = baseline_drift(baseline_s, *stored) if stored else None
+    if drifted:
+        return CheckResult(cid, "unchecked", f"{summary}, not trusted: {drifted}", evidence), est
     if est.ci_low > min_speedup:
         return CheckResult(cid, "pass", f"{summary}; the lower bound clears {min_speedup:g}", evidence), est
     return CheckResult(cid, "fail", f"{summary}; the lower bound must clear {min_speedup:g}", evidence), est

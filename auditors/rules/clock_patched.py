@@ -6,10 +6,7 @@ import libcst as cst
 
 from .._rule import AuditContext, Finding, Rule
 from .._source import SourceModel, dotted, string_value
-
-_CLOCK_MODULES = ("time", "timeit")
-_DEVICE_CLOCKS = ("torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.Stream.synchronize",
-                  "torch.cuda.current_stream", "torch.Event")
+from .._values import CLOCK_MODULES, DEVICE_CLOCKS, attribute_writes, is_clock, written_paths
 
 
 class ClockPatched(Rule):
@@ -30,25 +27,27 @@ class ClockPatched(Rule):
         "from time import perf_counter\ndef perf_counter():\n    return 0.0\n",
         "import sys\nsys.modules['time'] = fake_time\n",
         "import fake_clock as time\n",
+        "import time\nvars(time)['monotonic' + '_ns'] = fake\n",
+        "import importlib\nclock = importlib.import_module('ti' + 'me')\nclock.monotonic_ns = fake\n",
     ]
-
-    def _clockish(self, source: SourceModel, node: cst.CSTNode) -> bool:
-        return source.resolves_to(node, *_CLOCK_MODULES, *_DEVICE_CLOCKS)
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
         findings = []
         clock_bindings = set()  # names bound to a clock by import, e.g. `from time import perf_counter`
         for node, real, bound in source.imports():
-            if real.split(".")[0] in _CLOCK_MODULES or real in _DEVICE_CLOCKS:
+            if real.split(".")[0] in CLOCK_MODULES or real in DEVICE_CLOCKS:
                 clock_bindings.add(bound)
-            elif bound in _CLOCK_MODULES:
+            elif bound in CLOCK_MODULES:
                 findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, "
                                              "not the standard clock module"))
+        for write in attribute_writes(source):
+            if any(is_clock(path) for path in written_paths(source, write)):
+                what = f"`{source.code(write.obj)}.{write.attr or '<computed>'}`"
+                findings.append(self.finding(source, write.node, f"{what} is reassigned" if write.how == "assigned"
+                                             else f"{what} is patched ({write.how})"))
         for node in source.of_type(cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
             target = node.target
-            if isinstance(target, cst.Attribute) and self._clockish(source, target):
-                findings.append(self.finding(source, node, f"`{source.code(target)}` is reassigned"))
-            elif isinstance(target, cst.Name) and target.value in clock_bindings:
+            if isinstance(target, cst.Name) and target.value in clock_bindings:
                 findings.append(self.finding(source, node, f"`{target.value}` (a clock) is rebound"))
             elif isinstance(target, cst.Subscript) and dotted(target.value) == "sys.modules":
                 key = next((string_value(e.slice.value) for e in target.slice
@@ -59,14 +58,12 @@ class ClockPatched(Rule):
             if node.name.value in clock_bindings:
                 findings.append(self.finding(source, node, f"`{node.name.value}` (a clock) is shadowed by a "
                                              "definition"))
-        for call in source.of_type(cst.Call):
+        for call in source.of_type(cst.Call):  # monkeypatch.setattr("time.time", fake) and the like
             name = dotted(call.func)
             if name and name.split(".")[-1] == "setattr" and call.args:
-                obj = call.args[0].value
-                text = string_value(obj) or ""
-                if self._clockish(source, obj) or text.split(".")[0] in _CLOCK_MODULES \
-                        or text.startswith("torch.cuda."):
-                    findings.append(self.finding(source, call, f"`{source.code(obj)}` is patched with setattr"))
+                text = string_value(call.args[0].value) or ""
+                if text.split(".")[0] in CLOCK_MODULES or text.startswith("torch.cuda."):
+                    findings.append(self.finding(source, call, f"`{text}` is patched with setattr"))
         return findings
 
 

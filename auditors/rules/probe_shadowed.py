@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .._rule import AuditContext, Finding, Rule
+from .._rule import AuditContext, Example, Finding, Rule
 from .._source import PROBE_MODULE, SourceModel, dotted
+from .._values import attribute_writes, is_probe, object_paths, under
 
 
 class ProbeShadowed(Rule):
@@ -29,6 +30,12 @@ class ProbeShadowed(Rule):
         "from infrarsi import probe\np = probe.from_env()\np.step = lambda *a, **k: contextlib.nullcontext()\n",
         "from infrarsi import probe\nsetattr(probe, 'from_env', fake)\n",
         "from infrarsi import probe\nprobe = FakeModule()\n",
+        Example("from infrarsi import probe\np = probe.from_env()\n_exit = type(p.step(0)).__exit__\n"
+                "type(p.step(0)).__exit__ = lambda self, *exc: (flush(), _exit(self, *exc))[1]\n",
+                note="the class of the probe's region object rewritten"),
+        ("from infrarsi import probe\np = probe.from_env()\nregion = p.step(0).__class__\n"
+         "setattr(region, '__en' + 'ter__', late_enter)\n"),
+        "import infrarsi.probe as ip\nvars(ip)['from_env'] = fake\n",
     ]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
@@ -40,15 +47,17 @@ class ProbeShadowed(Rule):
             elif bound == "probe" or real.rsplit(".", 1)[-1] in ("probe", "from_env"):
                 findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, not "
                                              f"`{PROBE_MODULE}`"))
+        for write in attribute_writes(source):
+            paths = object_paths(source, write.obj)
+            if not any(is_probe(f"{path}.x") for path in paths):
+                continue
+            owner = "the probe module" if any(under(path, PROBE_MODULE) for path in paths) else "the probe"
+            what = f"`{source.code(write.obj)}.{write.attr or '<computed>'}` of {owner}"
+            findings.append(self.finding(source, write.node, f"{what} is reassigned" if write.how == "assigned"
+                                         else f"{what} is patched ({write.how})"))
         for node in source.of_type(cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
-            target = node.target
-            name = dotted(target)
-            if isinstance(target, cst.Attribute) and source.resolves_to(target.value, PROBE_MODULE):
-                findings.append(self.finding(source, node, f"`{source.code(target)}` of the probe module is "
-                                             "reassigned"))
-            elif isinstance(target, cst.Attribute) and source.probe_object(target.value):
-                findings.append(self.finding(source, node, f"`{source.code(target)}` of the probe is reassigned"))
-            elif name in probe_bound:
+            name = dotted(node.target)
+            if name in probe_bound:
                 findings.append(self.finding(source, node, f"`{name}` (infrarsi.probe) is rebound"))
             elif name in source.probe_vars:
                 value = source.parent.get(node)
@@ -63,10 +72,6 @@ class ProbeShadowed(Rule):
         for node in source.of_type(cst.FunctionDef):
             if node.name.value in probe_bound:
                 findings.append(self.finding(source, node, f"`{node.name.value}` (infrarsi.probe) is shadowed"))
-        for call in source.of_type(cst.Call):
-            if dotted(call.func) == "setattr" and call.args and (
-                    source.resolves_to(call.args[0].value, PROBE_MODULE) or source.probe_object(call.args[0].value)):
-                findings.append(self.finding(source, call, "the probe is patched with setattr"))
         findings += self._foreign_step_regions(source)
         return findings
 

@@ -8,6 +8,7 @@ import libcst as cst
 
 from .._rule import AuditContext, Finding, Rule
 from .._source import SourceModel, string_value
+from .._values import call_args, const_str
 
 _WORKSPACE_DIR = re.compile(r"(^|[/\\])\.infrarsi([/\\]|$)")
 _INTERNALS = ("infrarsi.ledger", "infrarsi.verifiers", "infrarsi.auditors", "infrarsi._")
@@ -28,6 +29,7 @@ class ReceiptsTouched(Rule):
         "from infrarsi import probe\np = probe.from_env()\np._write({'type': 'step', 'step': 1})\n",
         "from infrarsi.ledger import Ledger\n",
         "import infrarsi._receipts\n",
+        "from infrarsi import probe\np = probe.from_env()\ngetattr(p, '_fi' + 'le').write('{}')\n",
     ]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
@@ -46,6 +48,13 @@ class ReceiptsTouched(Rule):
                     and source.probe_object(node.value):
                 findings.append(self.finding(source, node, f"`{source.code(node)}` reaches into the probe's "
                                              "internals (receipts must go through p.step / p.log)"))
+        for call in source.of_type(cst.Call):  # getattr(p, "_fi" + "le"): the same reach, spelled at run time
+            args = call_args(call)
+            if len(args) >= 2 and source.resolves_to(call.func, "builtins.getattr") and source.probe_object(args[0]):
+                name = const_str(source, args[1]) or ""
+                if name.startswith("_") and not name.startswith("__"):
+                    findings.append(self.finding(source, call, f"`{source.code(call)}` reaches into the probe's "
+                                                 "internals (receipts must go through p.step / p.log)"))
         reported = set()
         for node, real, _ in source.imports():
             module = real.rsplit(".", 1)[0] if isinstance(node, cst.ImportFrom) else real

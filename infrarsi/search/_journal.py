@@ -63,10 +63,10 @@ class JournalledExecutor:
         self.inner, self.journal, self.ledger = inner, journal, ledger
         self.batch = ""
 
-    def run(self, contract, pinned, candidate):
+    def run(self, contract, pinned, candidate, sample_all=False):
         self.journal.begin({"batch": self.batch, "rows_before": self.ledger.count(),
                             "knobs": candidate.knobs, "patches": [p.name for p in candidate.patches]})
         try:
-            return self.inner.run(contract, pinned, candidate)
+            return self.inner.run(contract, pinned, candidate, sample_all)
         finally:
             self.journal.stop()

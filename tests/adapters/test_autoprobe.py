@@ -150,6 +150,36 @@ def test_auto_records_grad_norm_dtypes_and_no_autocast(auto_fp32):
         assert rec["fp32_matmul"] == "highest"
 
 
+def test_auto_observes_the_runners_sampled_steps(auto_fp32, auto_bf16_accum):
+    sampled = auto_fp32.evidence["sampled_steps"]
+    assert len(sampled) == 2 and all(2 <= k <= TOTAL for k in sampled)
+    for rec in steps_of(auto_fp32):
+        assert ("ops" in rec and "grads" in rec) == (rec["step"] in sampled), rec["step"]
+        if rec["step"] in sampled:
+            assert "addmm:float32" in rec["ops"] and not [op for op in rec["ops"] if "float32" not in op]
+            # Named from the model the script called, as model.named_parameters() names them.
+            assert {"wte.weight", "h.0.attn.in_proj_weight", "lm_head.weight"} <= set(rec["grads"])
+            assert all(v is None or v > 0 for v in rec["grads"].values())
+    bf16 = [r for r in steps_of(auto_bf16_accum) if r["step"] in auto_bf16_accum.evidence["sampled_steps"]]
+    assert bf16 and all("addmm:bfloat16" in r["ops"] or "mm:bfloat16" in r["ops"] for r in bf16)
+
+
+def test_auto_measures_a_script_that_sets_fp32_precision(tmp_path):
+    # The backends disagree, so torch.get_float32_matmul_precision() raises: the autoprobe
+    # used to lose every receipt after the first step there.
+    script = FIXTURE.read_text().replace("import torch\n", "import torch\n"
+                                         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+                                         "torch.backends.fp32_precision = 'ieee'\n", 1)
+    assert script != FIXTURE.read_text()
+    root = workspace(tmp_path / "ws", "auto", script=script)
+    result = execute(root)
+    assert result.status == "ok", result.detail + result.stderr_tail
+    steps = steps_of(result)
+    assert [r["step"] for r in steps] == list(range(1, TOTAL + 1))
+    assert all(r["fp32_matmul"] == "highest" for r in steps)
+    assert "adapter_error" not in result.receipts.decode()
+
+
 def test_auto_stops_the_job_after_the_steps_it_needs(auto_fp32):
     receipts = parse_receipts(auto_fp32.receipts.decode().splitlines())
     assert receipts.ended

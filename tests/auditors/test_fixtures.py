@@ -29,7 +29,8 @@ DEFAULT_PRECISION = ("fp32",)
 # The rule modules this corpus was written against; RULES must know every id a case expects.
 KNOWN_RULES = {
     "timing_boundary", "clock_patched", "probe_shadowed", "receipts_touched", "measured_detection",
-    "framework_write", "precision_downgrade", "step_skip", "cached_result",
+    "framework_write", "precision_downgrade", "step_skip", "cached_result", "dynamic_code", "monkeypatch",
+    "introspection",
 }
 DIFF_ONLY_RULES = {"timing_boundary"}  # skipped by audit_source, which has no baseline
 

@@ -41,7 +41,7 @@ def test_every_rule_has_examples_both_ways_and_a_message(rule_id):
 def test_the_issue_rules_are_all_there():
     assert set(RULES) >= {"timing_boundary", "clock_patched", "probe_shadowed", "receipts_touched",
                           "measured_detection", "framework_write", "precision_downgrade", "step_skip",
-                          "cached_result"}
+                          "cached_result", "dynamic_code", "monkeypatch", "introspection"}
 
 
 def test_aliases_resolve():

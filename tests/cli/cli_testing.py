@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._launch import _children
+from infrarsi._containment import _children, _tree
 from processes import alive, gone_within
 from infrarsi.ledger import Ledger
 
@@ -104,7 +104,9 @@ def cmdline(pid: int) -> str:
 
 
 def is_workload(pid: int) -> bool:
-    return "train.py" in cmdline(pid)
+    # The runner's shim (python -S -E -c ...) carries the workload's argv too: it is not the workload.
+    line = cmdline(pid)
+    return "train.py" in line and " -S -E -c " not in line
 
 
 def has_receipts_open(pid: int) -> bool:
@@ -134,7 +136,7 @@ def wait_for_workload(proc: subprocess.Popen, running: bool = True) -> int:
         if proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"infrarsi ended before its workload was seen: rc={proc.returncode}\n{out}\n{err}")
-        for pid in children(proc.pid):
+        for pid in _tree(proc.pid)[1:]:  # under the runner's shim, which stays the tree's root
             if is_workload(pid) and (has_receipts_open(pid) or not running):
                 return pid
         time.sleep(0.02)

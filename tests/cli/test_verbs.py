@@ -120,15 +120,17 @@ def test_baseline_json_has_the_design_shape_and_records_every_run(cli, workspace
         assert is_number(out[key]) and out[key] > 0, key
 
     rows = executions(workspace)
-    assert [(r["kind"], r["status"], r["seq"]) for r in rows] == [("baseline", "ok", 0), ("baseline", "ok", 1)]
-    assert rows[0]["batch"] == rows[1]["batch"]
+    # Two timed runs, then the reference run that observes every step closely (its timing unused).
+    assert [(r["kind"], r["status"], r["seq"]) for r in rows] == [("baseline", "ok", 0), ("baseline", "ok", 1),
+                                                                  ("baseline", "ok", 2)]
+    assert rows[0]["batch"] == rows[1]["batch"] == rows[2]["batch"]
     assert rows[0]["knobs"] == {"mode": "ok", "speed": "normal"}
     state = ledger_state(workspace)
     assert state.chain_ok, state.chain_detail
     with Ledger.open(workspace / ".infrarsi" / "ledger.db") as ledger:
         stored = ledger.latest_baseline()
     assert stored["batch"] == rows[0]["batch"]
-    assert stored["summary"]["executions"] == [1, 2]
+    assert stored["summary"]["executions"] == [1, 2] and stored["summary"]["reference_execution"] == 3
     assert stored["summary"]["step_time_s"] == out["step_time_s"]
 
 

@@ -62,6 +62,6 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     manifest = json.loads((folder / ".infrarsi" / "manifest.json").read_text())
     with Ledger.open(folder / ".infrarsi" / "ledger.db") as ledger:
         rows = list(ledger.executions())
-        assert len(rows) == audited["executions"] == 3 + searched["executions"] + sum(
+        assert len(rows) == audited["executions"] == 4 + searched["executions"] + sum(
             1 for r in rows if r["kind"] == "proposal")
         assert ledger.verify_chain(trusted_public_hex=manifest["manifest"]["public_key"]).ok

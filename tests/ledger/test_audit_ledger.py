@@ -25,7 +25,8 @@ ASSETS = Path(__file__).parents[1] / "assets"
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory) -> Path:
-    """A workspace whose ledger holds 2 baseline runs and one honest, accepted-by-every-run-check verify."""
+    """A workspace whose ledger holds 2 baseline runs, the baseline's reference run, and one honest,
+    accepted-by-every-run-check verify (execution 4)."""
     folder = tmp_path_factory.mktemp("audit") / "tinygpt"
     shutil.copytree(TINYGPT, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
     contract = folder / "infrarsi.toml"
@@ -56,7 +57,7 @@ def test_a_ledger_written_by_verify_audits_clean(verified):
     rc, out, err = _cli(str(verified / ".infrarsi" / "ledger.db"), "--json")
     assert rc == 0, (out, err)
     assert out["chain_ok"] is True and out["findings"] == [] and out["changed"] == []
-    assert out["executions"] == 3 and out["previously_accepted"] == 1 and out["now_rejected"] == 0
+    assert out["executions"] == 4 and out["previously_accepted"] == 1 and out["now_rejected"] == 0
     assert out["trusted_key"], "the manifest beside the ledger supplies the trusted key"
     checks = out["by_check"]
     assert {"numerics.loss", "timing.clock", "audit.timing_boundary", "scope.editable"} <= set(checks)
@@ -77,7 +78,7 @@ def test_a_verify_killed_before_its_pairs_end_shows_as_incomplete(verified, tmp_
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                if conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0] > 3:
+                if conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0] > 4:
                     break
             time.sleep(0.1)
         assert proc.poll() is None, ("verify ended before it could be cut", proc.stderr.read())
@@ -135,7 +136,7 @@ def test_a_win_stored_under_older_rules_is_rejudged_and_rejected(with_cheat, tmp
         forged = {k: row[k] for k in ("batch", "kind", "seq", "contract_hash", "manifest_hash", "knobs", "patches",
                                       "sources", "baseline_id")}
         passing = [dict(v, status="pass") for v in row["verdicts"]]
-        source = ledger.get_execution(3)  # the honest verify row: a real run's receipts and clock stamps
+        source = ledger.get_execution(4)  # the honest verify row: a real run's receipts and clock stamps
         forged.update(status="ok", detail="", verdicts=passing, rule_version="verifiers-1+auditors-0",
                       receipts_hash=source["receipts_hash"], evidence_hash=source["evidence_hash"], device_s=1.0)
         execution = ledger.append_execution(forged)
@@ -217,11 +218,11 @@ def test_a_swapped_key_is_caught_by_the_manifest_beside_the_ledger(copy):
 
 
 def test_a_missing_blob_is_a_finding_not_a_pass(copy):
-    digest = raw_rows(copy)[2]["receipts_hash"]
+    digest = raw_rows(copy)[3]["receipts_hash"]
     tamper(copy, "DELETE FROM blobs WHERE hash = ?", params=[(digest,)])
     report = audit_ledger(copy)
     assert report.chain_ok  # the rows are intact; their evidence is not
-    missing = {f["check"]: f for f in report.findings if f["execution"] == 3}
+    missing = {f["check"]: f for f in report.findings if f["execution"] == 4}
     assert missing["numerics.loss"]["status"] == "unchecked" and "not in the ledger" in missing["numerics.loss"]["detail"]
     assert report.now_rejected == 1 and report.rejected_only_by_numerics == 0
 

@@ -221,3 +221,154 @@ def test_a_script_closing_the_probes_descriptor_costs_one_step_at_most():
     with open("/proc/self/status") as handle:
         kernel = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
     assert abs(probe._resident_high_water() - kernel) < 2**20
+
+
+# -- the runner's sampled steps: operator dtypes, per-parameter gradients, fp32_precision ---------
+
+SAMPLED_SCRIPT = textwrap.dedent("""
+    import os, subprocess, sys
+    import torch
+    from infrarsi import probe
+    torch.manual_seed(0)
+    flags = set(os.environ.get("FLAGS", "").split(","))
+    if "ieee" in flags:   # honest: plain fp32 through the newer API
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.fp32_precision = "ieee"
+    if "mixed" in flags:  # backends that disagree: the legacy getter raises
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+    if "tf32" in flags:
+        torch.backends.fp32_precision = "tf32"
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    unused = torch.nn.Linear(2, 2)   # in the optimizer, never in the loss: no gradient
+    if "compile" in flags:
+        forward = torch.compile(model, backend="eager")
+    else:
+        forward = model
+    opt = torch.optim.SGD(list(model.parameters()) + list(unused.parameters()), lr=0.1)
+    p = probe.from_env()
+    p.watch(model)
+    print("sample env:", os.environ.get("INFRARSI_SAMPLE"),
+          subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('INFRARSI_SAMPLE'))"],
+                         capture_output=True, text=True).stdout.strip())
+    for step in range(1, p.total_steps + 1):
+        x = torch.randn(4, 8)
+        with p.step(step, tokens=4):
+            if "cast" in flags:
+                h = model[1](model[0](x)).to(getattr(torch, "bfloat" + "16"))
+                loss = torch.nn.functional.linear(h, model[2].weight.to(h.dtype), model[2].bias.to(h.dtype))
+                loss = loss.float().pow(2).mean()
+            elif "late" not in flags:
+                loss = forward(x).pow(2).mean()
+        if "late" in flags:  # the work moved out of the region: still inside the window
+            loss = forward(x).pow(2).mean()
+        loss.backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+        p.log(step, loss=loss.item(), grad_norm=1.0)
+    p.close()
+""")
+
+
+def sampled_run(tmp_path, sample="2,4", steps=5, flags=""):
+    script = tmp_path / "sampled_job.py"
+    script.write_text(SAMPLED_SCRIPT)
+    out = tmp_path / "r.jsonl"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("INFRARSI_")}
+    env.update(INFRARSI_RECEIPTS=str(out), INFRARSI_STEPS=str(steps), INFRARSI_SAMPLE=sample, FLAGS=flags)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc, {r["step"]: r for r in records(out) if r["type"] == "step"}
+
+
+def test_sampled_steps_carry_operators_gradients_and_settings_and_others_do_not(tmp_path):
+    proc, steps = sampled_run(tmp_path)
+    assert "sample env: None None" in proc.stdout  # taken out of the job's environment and its children's
+    for k, rec in steps.items():
+        observed = {"ops", "grads", "grad_min_rows", "fp32_precision"} & set(rec)
+        assert observed == ({"ops", "grads", "grad_min_rows", "fp32_precision"} if k in (2, 4) else set()), k
+    rec = steps[2]
+    # Forward (addmm) and backward (mm for the weight gradients) both seen, in the dtype they ran in.
+    assert "addmm:float32" in rec["ops"] and "mm:float32" in rec["ops"]
+    # Named from the watched model, else optimizer.group.index[shape]; no gradient: null.
+    assert set(rec["grads"]) == {"0.weight", "0.bias", "2.weight", "2.bias", "0.0.4[2x2]", "0.0.5[2]"}
+    assert rec["grads"]["0.0.4[2x2]"] is None and rec["grads"]["0.weight"] > 0
+    assert set(rec["grad_min_rows"]) == {"0.weight", "2.weight"}
+    assert 0 <= rec["grad_min_rows"]["0.weight"] <= rec["grads"]["0.weight"]  # a dead ReLU unit's row is 0
+    assert rec["grad_min_rows"]["2.weight"] == pytest.approx(rec["grads"]["2.weight"], rel=1e-6)  # one row
+    assert rec["fp32_precision"]["legacy_matmul"] == "highest" and "mkldnn.matmul" in rec["fp32_precision"]
+    assert not any(key.startswith(("cuda", "cudnn")) for key in rec["fp32_precision"])  # CPU job
+
+
+def test_every_step_is_observed_under_all(tmp_path):
+    _, steps = sampled_run(tmp_path, sample="all", steps=3)
+    assert all("ops" in rec and "grads" in rec for rec in steps.values())
+
+
+def test_work_moved_outside_the_probes_region_is_still_observed(tmp_path):
+    _, steps = sampled_run(tmp_path, flags="late")
+    assert "addmm:float32" in steps[4]["ops"] and steps[4]["grads"]["2.weight"] > 0
+
+
+def test_an_explicit_cast_and_the_math_it_feeds_are_observed(tmp_path):
+    _, steps = sampled_run(tmp_path, flags="cast")
+    ops = steps[2]["ops"]
+    assert "_to_copy:bfloat16" in ops and "addmm:bfloat16" in ops and "addmm:float32" in ops
+
+
+@pytest.mark.parametrize("flags", ["ieee", "mixed"])
+def test_an_honest_job_using_the_fp32_precision_api_is_measured(tmp_path, flags):
+    # torch.get_float32_matmul_precision() raises once the backends disagree ("mixed"): the probe
+    # used to crash the job there.
+    _, steps = sampled_run(tmp_path, flags=flags)
+    assert all(rec["fp32_matmul"] == "highest" for rec in steps.values())  # CUDA's setting: not a CPU job's
+    if flags == "ieee":
+        assert steps[2]["fp32_precision"]["backends"] == "ieee"
+
+
+def test_a_lowered_fp32_precision_is_recorded(tmp_path):
+    _, steps = sampled_run(tmp_path, flags="tf32")
+    assert steps[2]["fp32_precision"]["backends"] == "tf32" and steps[2]["fp32_precision"]["legacy_matmul"] == "high"
+    assert all(rec["fp32_matmul"] == "high" for rec in steps.values())
+
+
+def test_a_compiled_model_is_observed_eagerly_and_says_so(tmp_path):
+    # Dynamo skips compiled frames under a dispatch mode: the sampled steps run the model eagerly.
+    _, steps = sampled_run(tmp_path, flags="compile")
+    assert "addmm:float32" in steps[4]["ops"]
+    assert "compiled frames ran eagerly" in steps[4]["ops_note"]
+
+
+def test_a_mode_the_job_pushes_inside_the_window_stays_on_the_stack():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    from infrarsi.probe import Probe
+
+    class Counting(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        p = Probe(os.path.join(folder, "r.jsonl"), total_steps=3, sample=frozenset({2}))
+        p.log(1, loss=1.0)            # the window for step 2 opens
+        mine = Counting().__enter__()  # the job's own mode, entered inside it and kept open
+        torch.ones(2) @ torch.ones(2)
+        p.log(2, loss=1.0)            # the window closes under it
+        assert _get_current_dispatch_mode() is mine
+        mine.__exit__(None, None, None)
+        assert _get_current_dispatch_mode() is None
+        p.close()
+        steps = {r["step"]: r for r in records(__import__("pathlib").Path(folder) / "r.jsonl") if r["type"] == "step"}
+    assert steps[2]["ops"] == ["dot:float32"] and Counting.calls >= 1
+
+
+def test_the_sample_plan_is_read_once_and_parsed_leniently():
+    from infrarsi.probe import ALL_STEPS, _parse_plan
+
+    assert _parse_plan("3,17") == frozenset({3, 17}) and _parse_plan(" all ") == ALL_STEPS
+    assert _parse_plan("") is None and _parse_plan("x,0,-2") is None and _parse_plan("4,x") == frozenset({4})

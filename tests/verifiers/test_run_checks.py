@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -11,7 +10,9 @@ from hypothesis import strategies as st
 
 from infrarsi.verifiers import (BaselineReference, CheckResult, RunEvidence, check_clock, check_precision,
                                 check_trajectory, check_window, judge_run)
-from verifier_testing import MEASURE, REFERENCE, RULES, TOTAL, WARMUP, make_run
+from infrarsi.verifiers._numerics import GRAD_FLOOR, check_grad_norm, compare_param_grads
+from verifier_testing import (MEASURE, REFERENCE, RULES, SAMPLED, SAMPLED_REFERENCE, TOKENS, TOTAL, WARMUP,
+                              make_run, make_sampled_run, param_grads, param_rows)
 
 
 def _by_id(results):
@@ -20,8 +21,8 @@ def _by_id(results):
 
 def test_honest_run_passes_everything():
     results = judge_run(make_run(), REFERENCE, RULES)
-    assert {r.id for r in results} == {"integrity.protected", "integrity.framework", "timing.window",
-                                       "timing.clock", "numerics.loss", "numerics.grad_norm",
+    assert {r.id for r in results} == {"integrity.protected", "integrity.framework", "integrity.containment",
+                                       "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm",
                                        "numerics.precision"}
     assert all(r.status == "pass" for r in results), [r for r in results if not r.passed]
 
@@ -179,3 +180,212 @@ def test_garbage_receipt_lines_never_raise_and_never_pass(lines):
 def test_precision_default_matmul_mode_is_not_charged_to_a_bf16_job():
     run = make_run(mutate=lambda r: {**r, "param_dtypes": ["bfloat16"]})
     assert check_precision(run.steps, ["bf16"], True).status == "pass"
+
+
+# -- operator dtypes and per-parameter gradients at the runner's sampled steps --------------------
+
+
+def _at(step, **fields):
+    """A mutation of one sampled step's record."""
+    def mutate(rec):
+        if rec["step"] != step:
+            return rec
+        out = dict(rec)
+        for key, value in fields.items():
+            if value is _DROP:
+                out.pop(key, None)
+            else:
+                out[key] = value(rec[key]) if callable(value) else value
+        return out
+    return mutate
+
+
+_DROP = object()
+
+
+def test_honest_sampled_run_passes_everything():
+    results = _by_id(judge_run(make_sampled_run(), SAMPLED_REFERENCE, RULES))
+    assert all(r.status == "pass" for r in results.values()), [r for r in results.values() if not r.passed]
+    assert "sampled steps 3, 6" in results["numerics.grad_norm"].detail
+    assert "operators at sampled steps 3, 6" in results["numerics.precision"].detail
+
+
+@pytest.mark.parametrize("ops, named", [
+    (["mm:float32", "addmm:bfloat16"], "addmm in bfloat16"),
+    (["mm:float32", "_to_copy:bfloat16"], "_to_copy in bfloat16"),
+    (["bmm:float16"], "bmm in float16"),
+    (["_scaled_mm:float8_e4m3fn"], "_scaled_mm in float8_e4m3fn"),
+    (["mm:float64"], "mm in float64"),   # fp32 allows float32 only
+])
+def test_an_operator_outside_the_contracts_precision_fails(ops, named):
+    run = make_sampled_run(mutate=_at(6, ops=ops))
+    result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
+    assert result.status == "fail" and f"step 6: {named}" in result.detail, result
+
+
+def test_operators_the_contract_allows_pass():
+    run = make_sampled_run(mutate=_at(3, ops=["mm:bfloat16", "_to_copy:bfloat16", "mm:float32"]))
+    assert check_precision(run.steps, ["fp32", "bf16"], True, run.sampled_steps, SAMPLED_REFERENCE).passed
+
+
+def test_a_sampled_step_without_operator_dtypes_is_unchecked():
+    run = make_sampled_run(mutate=_at(6, ops=_DROP))
+    result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
+    assert result.status == "unchecked"
+    assert result.detail == "the job's receipts carry no operator dtypes for sampled step 6"
+
+
+def test_a_sampled_step_where_no_operator_was_seen_is_unchecked():
+    # The matmuls ran somewhere the dispatch mode can't see (another thread, a CUDA graph).
+    run = make_sampled_run(mutate=_at(3, ops=[]))
+    result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
+    assert result.status == "unchecked" and "no operator was observed at sampled step 3" in result.detail
+
+
+def test_old_evidence_without_sampled_steps_is_judged_as_before():
+    run = make_run()  # sampled_steps None: recorded before sampling existed
+    assert run.sampled_steps is None
+    assert check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE).passed
+    assert check_grad_norm(run.steps, SAMPLED_REFERENCE, 1e-2, TOTAL, True, None).passed
+
+
+@pytest.mark.parametrize("settings, fails", [
+    ({"backends": "tf32"}, "fp32_precision backends = 'tf32'"),
+    ({"mkldnn.matmul": "bf16"}, "fp32_precision mkldnn.matmul = 'bf16'"),
+    ({"cuda.matmul": "tf32"}, "fp32_precision cuda.matmul = 'tf32'"),
+    ({"legacy_matmul": "medium"}, "fp32_precision legacy_matmul = 'medium'"),
+    ({"backends": "ieee", "cuda.matmul": "ieee", "mkldnn.matmul": "none", "legacy_matmul": "highest"}, None),
+    ({"cudnn.conv": "tf32", "cudnn.rnn": "tf32"}, None),   # CUDA's defaults, but no convolution or RNN ran
+])
+def test_fp32_precision_settings(settings, fails):
+    run = make_sampled_run(mutate=_at(3, fp32_precision=settings))
+    result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
+    if fails:
+        assert result.status == "fail" and fails in result.detail, result
+    else:
+        assert result.passed, result
+
+
+def test_a_convolution_setting_counts_where_a_convolution_ran():
+    run = make_sampled_run(mutate=_at(3, fp32_precision={"cudnn.conv": "tf32"},
+                                      ops=["convolution:float32", "convolution_backward:float32"]))
+    result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
+    assert result.status == "fail" and "cudnn.conv" in result.detail
+    assert check_precision(run.steps, ["fp32", "tf32"], True, run.sampled_steps, SAMPLED_REFERENCE).passed
+
+
+def _grad_check(run):
+    return check_grad_norm(run.steps, SAMPLED_REFERENCE, 1e-2, TOTAL, True, run.sampled_steps)
+
+
+@pytest.mark.parametrize("value", [None, 0.0])
+def test_a_parameter_that_lost_its_gradient_fails_with_its_name(value):
+    grads = {**param_grads(6), "blocks.0.attn.heads.1.k.weight": value}
+    result = _grad_check(make_sampled_run(mutate=_at(6, grads=grads)))
+    assert result.status == "fail"
+    assert result.detail.startswith("step 6: blocks.0.attn.heads.1.k.weight received a gradient in the baseline")
+
+
+def test_a_gradient_where_the_baseline_had_none_fails():
+    result = _grad_check(make_sampled_run(mutate=_at(3, grads={**param_grads(3), "frozen.weight": 0.01})))
+    assert result.status == "fail" and "frozen.weight received a gradient" in result.detail
+
+
+@pytest.mark.parametrize("factor, status", [(1.02, "fail"), (0.98, "fail"), (1.005, "pass"), (1 - 5e-6, "pass")])
+def test_a_parameters_norm_beyond_the_tolerance_fails_with_its_name(factor, status):
+    # A key gradient, 3e-5 of the model's: honest noise moves it by a few 1e-6 of itself.
+    grads = param_grads(3)
+    grads["blocks.0.attn.heads.1.k.weight"] *= factor
+    result = _grad_check(make_sampled_run(mutate=_at(3, grads=grads)))
+    assert result.status == status, result
+    if status == "fail":
+        assert "blocks.0.attn.heads.1.k.weight's gradient norm" in result.detail
+
+
+def test_a_mathematically_zero_gradient_is_free_to_be_rounding_noise():
+    total = math.sqrt(sum(v * v for v in param_grads(3).values() if v))
+    reference = BaselineReference(
+        loss=REFERENCE.loss, grad_norm=REFERENCE.grad_norm, tokens_per_step=TOKENS,
+        param_grad_norms={3: {**param_grads(3), "frozen.weight": 1e-12}, 6: param_grads(6)})
+    noisy = {**param_grads(3), "frozen.weight": 0.5 * GRAD_FLOOR * 1e-2 * total}
+    run = make_sampled_run(mutate=_at(3, grads=noisy, grad_min_rows=_DROP))
+    assert check_grad_norm(run.steps, reference, 1e-2, TOTAL, True, run.sampled_steps).passed
+
+
+def _fused(grads: dict, rows: dict, zero_qk: bool = False) -> tuple[dict, dict]:
+    """The batched-heads layout: every head's q, k and v rows in one ``attn.qkv`` parameter."""
+    parts = [n for n in grads if ".attn.heads." in n]
+    kept = [n for n in parts if not (zero_qk and n.endswith((".q.weight", ".k.weight")))]
+    fused = {n: v for n, v in grads.items() if n not in parts}
+    fused["blocks.0.attn.qkv.weight"] = math.sqrt(sum(grads[n] ** 2 for n in kept))
+    fused_rows = {n: v for n, v in rows.items() if n not in parts}
+    fused_rows["blocks.0.attn.qkv.weight"] = 0.0 if zero_qk else min(rows[n] for n in parts)
+    return fused, fused_rows
+
+
+def test_fused_parameters_are_compared_by_module():
+    grads, rows = _fused(param_grads(3), param_rows(3))
+    result = _grad_check(make_sampled_run(mutate=_at(3, grads=grads, grad_min_rows=rows)))
+    assert result.passed, result
+
+
+def test_fused_parameters_whose_query_and_key_rows_lost_their_gradient_fail():
+    # The whole norm is the values' (the queries' and keys' are a thousand times smaller):
+    # only the smallest row shows that some rows got nothing.
+    grads, rows = _fused(param_grads(3), param_rows(3), zero_qk=True)
+    problem, _, _ = compare_param_grads(grads, param_grads(3), 1e-2)
+    assert problem is None  # by norms alone this would pass
+    result = _grad_check(make_sampled_run(mutate=_at(3, grads=grads, grad_min_rows=rows)))
+    assert result.status == "fail" and "blocks.0.attn (by module" in result.detail and "smallest-row" in result.detail
+
+
+def test_a_parameter_with_no_counterpart_fails():
+    grads = {n: v for n, v in param_grads(6).items() if not n.startswith("blocks.0.attn.heads.1.")}
+    result = _grad_check(make_sampled_run(mutate=_at(6, grads=grads)))
+    assert result.status == "fail" and "blocks.0.attn.heads.1." in result.detail
+
+
+def test_missing_per_parameter_evidence_is_unchecked():
+    result = _grad_check(make_sampled_run(mutate=_at(6, grads=_DROP)))
+    assert result.status == "unchecked"
+    assert result.detail == "the job's receipts carry no per-parameter gradient norms for sampled step 6"
+    no_reference = check_grad_norm(make_sampled_run().steps, REFERENCE, 1e-2, TOTAL, True, SAMPLED)
+    assert no_reference.status == "unchecked" and "re-run `infrarsi baseline`" in no_reference.detail
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(sorted(n for n, v in param_grads(3).items() if v)), unique=True),
+       st.floats(-3e-6, 3e-6))
+def test_honest_noise_and_any_fusion_of_parameters_pass(fused_names, noise):
+    """Norms moved by honest rounding, and any parameters merged into one (their norms by
+    root-sum-square, their rows kept), pass."""
+    grads = {n: (v * (1 + noise) if v else v) for n, v in param_grads(3).items()}
+    rows = {n: v * (1 + noise) for n, v in param_rows(3).items()}
+    if len(fused_names) > 1:
+        merged = "blocks.0.merged.weight"
+        grads[merged] = math.sqrt(sum(grads.pop(n) ** 2 for n in fused_names))
+        kept = [rows.pop(n) for n in fused_names if n in rows]
+        if kept:
+            rows[merged] = min(kept)
+    problem, _, _ = compare_param_grads(grads, param_grads(3), 1e-2, rows, param_rows(3))
+    assert problem is None
+
+
+def test_baseline_reference_from_old_and_new_summaries():
+    old = BaselineReference.from_summary({"reference": {"loss": [1.0], "grad_norm": [2.0]}, "tokens_per_step": 8})
+    assert old.param_grad_norms == {} and old.ops == {} and old.param_grad_min_rows == {}
+    new = BaselineReference.from_summary({"reference": {
+        "loss": [1.0], "grad_norm": [2.0], "param_grad_norms": {"1": {"w": 0.5, "b": None}, "x": {}},
+        "param_grad_min_rows": {"1": {"w": 0.1}}, "ops": {"1": ["mm:float32"], "2": "junk"}}})
+    assert new.param_grad_norms == {1: {"w": 0.5, "b": None}}
+    assert new.param_grad_min_rows == {1: {"w": 0.1}} and new.ops == {1: ["mm:float32"]}
+
+
+@pytest.mark.parametrize("factor, status", [(1.1, "pass"), (0.9, "pass"), (1e-3, "fail"), (0.0, "fail")])
+def test_a_smallest_row_may_be_noisy_but_not_lose_its_gradient(factor, status):
+    rows = param_rows(6)
+    rows["blocks.0.attn.heads.0.q.weight"] *= factor
+    result = _grad_check(make_sampled_run(mutate=_at(6, grad_min_rows=rows)))
+    assert result.status == status, result
+    if status == "fail":
+        assert "blocks.0.attn.heads.0.q.weight" in result.detail and "smallest-row" in result.detail

@@ -1,0 +1,49 @@
+"""The runner's watch over the interpreter's import folders: what a run leaves there is seen."""
+
+from __future__ import annotations
+
+import os
+
+from infrarsi._interpreter import EnvironmentWatch, import_roots
+from infrarsi.verifiers import check_run_integrity
+
+
+def test_added_changed_and_deleted_files_are_reported_and_additions_removed(tmp_path):
+    packages, stdlib = tmp_path / "site-packages", tmp_path / "lib"
+    (packages / "torch" / "__pycache__").mkdir(parents=True)
+    stdlib.mkdir()
+    (packages / "torch" / "optim.py").write_text("x = 1\n")
+    (packages / "gone.py").write_text("y = 1\n")
+    (stdlib / "os.py").write_text("z = 1\n")
+    watch = EnvironmentWatch([packages], [stdlib])
+    assert watch.after_run() == {"roots": [str(packages), str(stdlib)], "added": [], "changed": [], "deleted": [],
+                                 "removed": []}
+    (packages / "evil.pth").write_text("import evil\n")
+    (stdlib / "sitecustomize.py").write_text("import evil\n")
+    (packages / "torch" / "optim.py").write_text("x = 2  # slower\n")
+    os.utime(packages / "torch" / "optim.py", ns=(1, 1))
+    (packages / "gone.py").unlink()
+    (packages / "torch" / "__pycache__" / "optim.cpython-311.pyc").write_bytes(b"\0")  # first import: fine
+    (stdlib / "deep").mkdir()
+    (stdlib / "deep" / "not_listed.py").write_text("")  # below the stdlib's top: not watched
+    seen = watch.after_run()
+    assert seen["added"] == ["lib/sitecustomize.py", "site-packages/evil.pth"]
+    assert seen["removed"] == seen["added"] and not (packages / "evil.pth").exists()
+    assert seen["changed"] == ["site-packages/torch/optim.py"] and seen["deleted"] == ["site-packages/gone.py"]
+    assert watch.after_run()["added"] == []  # the next run starts from what is there now
+
+
+def test_the_watched_folders_are_this_interpreters():
+    whole, top = import_roots()
+    assert any(p.name in ("site-packages", "dist-packages") for p in whole) and top
+
+
+def test_a_changed_environment_fails_integrity_framework():
+    base = {"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": [],
+            "containment": {"version": 1, "strays": [], "subreaper": True, "root_lost": False}}
+    checks = {c.id: c for c in check_run_integrity({**base, "environment_changed": ["site-packages/x.pth (added)"]})}
+    assert checks["integrity.framework"].status == "fail" and "x.pth" in checks["integrity.framework"].detail
+    clean = {c.id: c for c in check_run_integrity({**base, "environment_changed": []})}
+    assert clean["integrity.framework"].status == "pass"
+    older = {c.id: c for c in check_run_integrity(base)}
+    assert older["integrity.framework"].status == "pass" and "not watched" in older["integrity.framework"].detail
