@@ -172,11 +172,11 @@ def test_an_edited_row_is_caught_at_that_row(copy):
 
 def test_an_inserted_row_is_caught(copy):
     rows = raw_rows(copy)
-    forged = dict(rows[1], id=4, detail="forged")
+    forged = dict(rows[1], id=len(rows) + 1, detail="forged")
     tamper(copy, f"INSERT INTO executions ({', '.join(forged)}) VALUES ({', '.join('?' * len(forged))})",
            params=[tuple(forged.values())])
     ok, first_bad, _ = _chain(copy)
-    assert (ok, first_bad) == (False, 4)
+    assert (ok, first_bad) == (False, len(rows) + 1)
 
 
 def test_reordered_rows_are_caught(copy):

@@ -165,7 +165,7 @@ def test_a_ledger_with_only_a_baseline_reports_nothing_promoted(tmp_path):
         assert done.returncode == 0, done.stderr
     done, out = _cli("report", "--json", cwd=root)
     assert done.returncode == 0, done.stderr
-    assert out["promoted"] == [] and out["executions"] == 2
+    assert out["promoted"] == [] and out["executions"] == 3  # two timed runs and the reference run
     md = Path(out["markdown"]).read_text()
     assert "No candidate holds a verified receipt" in md and "Net: no promoted candidate" in md
     assert Path(out["html"]).is_file() and len(out["plots"]) == 2
