@@ -150,7 +150,6 @@ class LocalExecutor:
         sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
         if not log_mode:
             extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
-        if not log_mode:
             extra[RECEIPTS_ENV] = str(box.receipts)
         env = workload_env(os.environ, home=str(box.home), extra=extra)
         limit = int(contract.resources.memory_limit_mb * 2**20)
@@ -209,7 +208,7 @@ class LocalExecutor:
         evidence["timing"] = _timing_evidence(RunEvidence.from_stored(lines, evidence), contract)
         step_time = evidence["timing"]["step_time_s"]
         detail = seen.detail
-        if seen.status == "ok" and step_time is None:
+        if seen.status == "ok" and step_time is None and not sample_all:  # a reference run is not timed
             detail = (f"finished, but the receipts hold no complete measured window "
                       f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps}): "
                       + evidence["timing"]["missing"])
