@@ -10,10 +10,9 @@ from typing import Callable
 
 from infrarsi._candidate import Candidate
 from infrarsi._receipts import parse_receipts
-from infrarsi._runner import ExecutionInterrupted, ExecutionResult
-from infrarsi._workspace import Workspace, open_workspace
-from infrarsi.verifiers import steps_from_lines
-from infrarsi.verifiers import compare_param_grads
+from infrarsi._runner import ExecutionResult
+from infrarsi._workspace import open_workspace
+from infrarsi.verifiers import compare_param_grads, steps_from_lines
 
 __all__ = ["BaselineSummary", "BaselineFailed", "baseline", "summarise"]
 
@@ -128,16 +127,6 @@ def _sampled_spread(results: list[ExecutionResult], reference: dict) -> float | 
     return worst
 
 
-def _reference_run(ws: Workspace, candidate: Candidate, batch: str, seq: int) -> tuple[int, ExecutionResult]:
-    """The original setup once more, observed at every step (its time is not a measurement)."""
-    try:
-        result = ws.executor.run(ws.contract, ws.manifest.files, candidate, sample_all=True)
-    except ExecutionInterrupted as stopped:
-        ws.record(stopped.result, "baseline", batch, seq)
-        raise
-    return ws.record(result, "baseline", batch, seq), result
-
-
 def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
              progress: Callable[[int, int, ExecutionResult], None] | None = None) -> BaselineSummary:
     """Run the original setup ``runs`` times, then once observed at every step; record every run, store the summary.
@@ -173,7 +162,8 @@ def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
         summary = summarise(results, executions, timing.warmup_steps, timing.measure_steps,
                             ws.contract.resources.peak_tflops)
         if observed:
-            execution, result = _reference_run(ws, candidate, batch, runs)
+            # The original setup once more, observed at every step (its time is not a measurement).
+            execution, result = ws.execute(candidate, kind="baseline", batch=batch, seq=runs, sample_all=True)
             if progress:
                 progress(planned, planned, result)
             if result.status != "ok":

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 STRAY_GRACE_S = 1.0       # after the job's main process ends, for workers already on their way out
@@ -81,6 +81,17 @@ def _kill(pids: Iterable[int]) -> None:
         except OSError:
             pass
 
+
+
+def _kill_until_gone(living: Callable[[], list[int]]) -> None:
+    """SIGKILL what ``living()`` lists until it lists nothing (a killed process can't fork
+    again, so this ends; 200 rounds bound it all the same)."""
+    for _ in range(200):
+        pids = living()
+        if not pids:
+            return
+        _kill(pids)
+        time.sleep(0.002)
 
 
 def tree_rss_bytes(pid: int) -> tuple[int, list[int]]:
@@ -214,12 +225,7 @@ class _Cgroup:
                 return
             except OSError:
                 pass
-        for _ in range(200):  # a process killed cannot fork again, so this ends
-            pids = self.pids()
-            if not pids:
-                return
-            _kill(pids)
-            time.sleep(0.002)
+        _kill_until_gone(self.pids)
 
     def remove(self) -> None:
         """Kill what is left and remove it; one that stays busy is left to the next launch's sweep."""
@@ -429,12 +435,7 @@ class _Containment:
 
     def kill_descendants(self) -> None:
         """SIGKILL everything under the shim, which stays (so nothing is reparented away), until none is left."""
-        for _ in range(200):  # a process killed cannot fork again, so this ends
-            pids = self.live()
-            if not pids:
-                return
-            _kill(pids)
-            time.sleep(0.002)
+        _kill_until_gone(self.live)
 
     def kill_all(self) -> bool:
         """Timeout, memory limit, interrupt: the tree, the cgroup, then the shim. Whether the shim was still there."""

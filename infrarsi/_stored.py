@@ -41,6 +41,8 @@ class Evidence:
         self.contract = functools.lru_cache(maxsize=64)(self._contract)
         self.reference = functools.lru_cache(maxsize=64)(self._reference)
         self.summary = functools.lru_cache(maxsize=64)(self._summary)
+        # A/B rows are read twice in a row (re-timed for their batch, then judged): parse once.
+        self.run = functools.lru_cache(maxsize=4)(self._run)
 
     def blob(self, digest: str | None) -> bytes | None:
         if not digest:
@@ -78,6 +80,16 @@ class Evidence:
             return None
         return stored["summary"] if stored else None
 
+    def _run(self, receipts_hash: str | None, evidence_hash: str | None) -> RunEvidence | str:
+        """One execution's receipts and the runner's evidence, or why they can't be read."""
+        receipts = self.blob(receipts_hash)
+        if receipts is None:
+            return "the receipts are not in the ledger" if receipts_hash else "no receipts were recorded"
+        stored = self.blob(evidence_hash)
+        if stored is None:
+            return "the runner's evidence (clock stamps, integrity) is not in the ledger"
+        return RunEvidence.from_stored(receipts.decode("utf-8", "replace").splitlines(), json.loads(stored))
+
     def _reference(self, baseline_id: int | None) -> BaselineReference | str:
         if baseline_id is None:
             return "no baseline recorded before this execution"
@@ -111,14 +123,7 @@ def missing(ids, why: str) -> list[CheckResult]:
 
 
 def run_evidence(ev: Evidence, row: dict) -> RunEvidence | str:
-    receipts = ev.blob(row.get("receipts_hash"))
-    if receipts is None:
-        return "the receipts are not in the ledger" if row.get("receipts_hash") else "no receipts were recorded"
-    stored = ev.blob(row.get("evidence_hash"))
-    if stored is None:
-        return "the runner's evidence (clock stamps, integrity) is not in the ledger"
-    data = json.loads(stored)
-    return RunEvidence.from_stored(receipts.decode("utf-8", "replace").splitlines(), data)
+    return ev.run(row.get("receipts_hash"), row.get("evidence_hash"))
 
 
 def source_key(row: dict, contract: Contract) -> tuple:

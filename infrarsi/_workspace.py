@@ -90,10 +90,13 @@ class Workspace:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def execute(self, candidate: Candidate, kind: str, batch: str, seq: int = 0) -> tuple[int, ExecutionResult]:
-        """Run one execution and commit it to the ledger before returning (interrupted ones too)."""
+    def execute(self, candidate: Candidate, kind: str, batch: str, seq: int = 0,
+                sample_all: bool = False) -> tuple[int, ExecutionResult]:
+        """Run one execution and commit it to the ledger before returning (interrupted ones too).
+
+        ``sample_all`` observes every step closely (the baseline's reference run)."""
         try:
-            result = self.executor.run(self.contract, self.manifest.files, candidate)
+            result = self.executor.run(self.contract, self.manifest.files, candidate, sample_all=sample_all)
         except ExecutionInterrupted as stopped:
             self.record(stopped.result, kind, batch, seq)
             raise

@@ -6,7 +6,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["StepRecord", "RunEvidence", "BaselineReference", "steps_from_lines"]
+__all__ = ["StepRecord", "RunEvidence", "BaselineReference", "steps_from_lines", "first_per_step"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,14 @@ def steps_from_lines(lines: list[str], arrivals_ns: list[int] | None = None) -> 
             arrival = arrivals_ns[index] if arrivals_ns is not None and index < len(arrivals_ns) else None
             out.append(StepRecord(rec["step"], rec, arrival))
     return out
+
+
+def first_per_step(steps: list[StepRecord]) -> dict[int, StepRecord]:
+    """Each step number's first record: the one every check judges (a repeat is timing.window's)."""
+    by_step: dict[int, StepRecord] = {}
+    for s in steps:
+        by_step.setdefault(s.step, s)
+    return by_step
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ._evidence import BaselineReference, StepRecord
+from ._evidence import BaselineReference, StepRecord, first_per_step
 from ._result import CheckResult
 
 __all__ = ["check_trajectory", "check_grad_norm", "check_precision", "compare_param_grads", "observed_precisions",
@@ -33,10 +33,8 @@ ROW_RTOL = 0.5
 
 
 def _first_per_step(steps: list[StepRecord]) -> dict[int, dict]:
-    out: dict[int, dict] = {}
-    for s in steps:
-        out.setdefault(s.step, s.record)
-    return out
+    """Each step number's first record, as its plain dict."""
+    return {step: s.record for step, s in first_per_step(steps).items()}
 
 
 def check_trajectory(key: str, steps: list[StepRecord], reference: BaselineReference, rtol: float,

@@ -17,7 +17,7 @@ own, up to the reader's wake-up latency.
 
 from __future__ import annotations
 
-from ._evidence import RunEvidence
+from ._evidence import RunEvidence, first_per_step
 from ._result import CheckResult
 
 __all__ = ["check_window", "check_clock", "window_periods", "runner_step_time", "region_share",
@@ -38,20 +38,13 @@ CLOCK_SPAN_RTOL = 0.25
 BURST_FRACTION = 0.25
 
 
-def _first_per_step(run: RunEvidence) -> dict[int, "object"]:
-    by_step: dict = {}
-    for s in run.steps:
-        by_step.setdefault(s.step, s)
-    return by_step
-
-
 def window_periods(run: RunEvidence, warmup: int, measure: int) -> tuple[list[int], list[float]] | str:
     """(steps, seconds) of each measured period on the runner's clock, sampled steps left out; or why not.
 
     Step k's period runs from the arrival of step k-1's line (the job's start when k is 1)
     to the arrival of step k's. The first line a step number got counts.
     """
-    by_step = _first_per_step(run)
+    by_step = first_per_step(run.steps)
     sampled = set(run.sampled_steps or ())
     steps, periods = [], []
     for k in range(warmup + 1, warmup + measure + 1):
@@ -81,7 +74,7 @@ def region_share(run: RunEvidence, warmup: int, measure: int) -> float | None:
     found = window_periods(run, warmup, measure)
     if isinstance(found, str):
         return None
-    by_step = _first_per_step(run)
+    by_step = first_per_step(run.steps)
     covered = 0
     for k in found[0]:
         t0, t1 = by_step[k].get("t0_ns"), by_step[k].get("t1_ns")
@@ -139,7 +132,7 @@ def _bursts(run: RunEvidence, warmup: int, measure: int) -> CheckResult | None:
     the cumulative time from the window's start: after ``i`` lines it must be at least
     ``BURST_FRACTION * i`` mean periods, less one reader's latency (a stamp is never early).
     """
-    by_step = _first_per_step(run)
+    by_step = first_per_step(run.steps)
     stamps = [getattr(by_step.get(k), "arrival_ns", None) for k in range(warmup, warmup + measure + 1)]
     if warmup == 0:
         stamps[0] = run.started_ns
