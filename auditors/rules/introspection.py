@@ -6,7 +6,9 @@ frames up to a caller's ``f_locals``, a trace hook) can reset a meter's start ti
 swap a method; code that swaps modules in ``sys.modules`` or hooks the import system
 can hand the job a different ``infrarsi.probe``. Reading ``vars()`` of InfraRSI or the
 probe, or ``globals()['probe']``, is the same reach by another spelling. None of this
-is needed to train a model. Plain uses stay fine: ``'torch_xla' in sys.modules``,
+is needed to train a model, nor is asking torch whether a dispatch mode is in force
+(``torch._C._len_torch_dispatch_stack()``), which tells a step InfraRSI observes from one it
+doesn't. Plain uses stay fine: ``'torch_xla' in sys.modules``,
 ``sys.modules[__name__]``, ``globals()[key] = value`` from a command line (nanoGPT's
 configurator), ``sys.exc_info()``.
 """
@@ -28,6 +30,12 @@ _FRAMES = ("sys._getframe", "sys._current_frames", "inspect.currentframe", "insp
            "ctypes.py_object")
 _FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_trace", "tb_frame", "gi_frame", "cr_frame",
                 "ag_frame"}
+# torch's own record of the modes in force: a job that reads it can tell a step InfraRSI observes
+# (a dispatch mode is on) from one it doesn't, and behave only when watched.
+_OBSERVERS = ("torch._C._len_torch_dispatch_stack", "torch._C._get_dispatch_stack_at", "torch._C._get_dispatch_mode",
+              "torch._C._is_torch_function_mode_enabled", "torch._C._len_torch_function_stack",
+              "torch.utils._python_dispatch", "torch.overrides._get_current_function_mode",
+              "torch.overrides._get_current_function_mode_stack", "torch._C._dispatch_tls_local_include_set")
 _MODULE_MUTATORS = {"update", "pop", "popitem", "setdefault", "clear", "__setitem__", "__delitem__"}
 _MODULE_READS = {"get", "__getitem__", "__contains__"}
 _IMPORT_HOOKS = ("sys.meta_path", "sys.path_hooks", "sys.path_importer_cache")
@@ -42,6 +50,7 @@ class Introspection(Rule):
         "import gc\nimport sys\ngc.collect()\nsys.path.insert(0, 'src')\nkind, err, tb = sys.exc_info()\n",
         "for arg in sys.argv[1:]:\n    key, val = arg.split('=')\n    if key in globals():\n        globals()[key] = val\n",
         "from infrarsi import probe\np = probe.from_env()\nprint(vars(args))\nstate = model.__dict__.get('training')\n",
+        "import torch\nout = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)\nok = torch._C._get_tracing_state()\n",
     ]
     INVALID = [
         "import gc\nfor obj in gc.get_objects():\n    if type(obj).__name__ == 'AutoProbe':\n        obj._t0 = None\n",
@@ -58,11 +67,13 @@ class Introspection(Rule):
         "from infrarsi import probe\nreal = globals()['pro' + 'be']\n",
         "import sys\nsys.settrace(tracer)\n",
         "import sys\nsys.meta_path.insert(0, FakeProbeFinder())\n",
+        "import torch\nif not torch._C._len_torch_dispatch_stack():\n    out = shortcut(x)\n",
+        "from torch.utils._python_dispatch import _get_current_dispatch_mode\nwatched = _get_current_dispatch_mode()\n",
     ]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
         findings = []
-        roots = bound_from(source, "gc", "sys", "inspect", "traceback", "threading", "ctypes")
+        roots = bound_from(source, "gc", "sys", "inspect", "traceback", "threading", "ctypes", "torch")
         for node in source.of_type(cst.Name, cst.Attribute):
             if not (root_name(node) in roots or last_name(node) in _FRAME_ATTRS) or not is_reference(source, node):
                 continue
@@ -87,6 +98,8 @@ class Introspection(Rule):
             hit = next((ref for ref in _REFERRERS + _FRAMES if q == ref or q.startswith(ref + ".")), None)
             if hit is not None:
                 return f"({hit}) reaches objects or frames the job did not make"
+            if any(q == ref or q.startswith(ref + ".") for ref in _OBSERVERS):
+                return "asks torch which modes are in force: whether InfraRSI is observing this step"
         if isinstance(node, cst.Attribute) and node.attr.value in _FRAME_ATTRS:
             return "walks the interpreter's frames"
         return None
