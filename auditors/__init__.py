@@ -5,9 +5,23 @@ Each rule is one module under ``rules/`` with its ``VALID`` / ``INVALID`` exampl
 ``check_sources`` turns a candidate's changed files into ``audit.*`` check results.
 """
 
+from infrarsi.errors import SourceError
+
 from ._audit import AUDITOR_VERSION, RULES, audit_check_ids, audit_diff, audit_source, check_sources
 from ._rule import AuditContext, Example, Finding, Rule
-from ._source import SourceError, SourceModel
+from ._source import SourceModel
 
-__all__ = ["AUDITOR_VERSION", "RULES", "audit_check_ids", "audit_diff", "audit_source", "check_sources",
-           "AuditContext", "Example", "Finding", "Rule", "SourceError", "SourceModel"]
+__all__ = [
+    "AUDITOR_VERSION",
+    "RULES",
+    "audit_check_ids",
+    "audit_diff",
+    "audit_source",
+    "check_sources",
+    "AuditContext",
+    "Example",
+    "Finding",
+    "Rule",
+    "SourceError",
+    "SourceModel",
+]

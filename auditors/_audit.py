@@ -7,11 +7,12 @@ import importlib
 import pkgutil
 from collections import Counter
 
-from infrarsi.verifiers._result import CheckResult
+from infrarsi.errors import SourceError
+from infrarsi.verifiers import CheckResult
 
 from . import rules as _rules_package
 from ._rule import AuditContext, Finding, Rule
-from ._source import SourceError, SourceModel
+from ._source import SourceModel
 
 __all__ = ["AUDITOR_VERSION", "RULES", "audit_source", "audit_diff", "check_sources", "audit_check_ids"]
 
@@ -60,8 +61,9 @@ def audit_source(text: str, path: str = "<string>", precision=("fp32",), protect
     return [f for rule in RULES.values() if not rule.needs_baseline for f in rule.check(source, ctx)]
 
 
-def audit_diff(baseline_text: str, patched_text: str, path: str = "<string>", precision=("fp32",),
-               protected=()) -> list[Finding]:
+def audit_diff(
+    baseline_text: str, patched_text: str, path: str = "<string>", precision=("fp32",), protected=()
+) -> list[Finding]:
     """The findings a patch introduces: diff-aware rules, plus shortcut findings the baseline lacks.
 
     A shortcut the baseline already has is the user's own code, not the candidate's doing;

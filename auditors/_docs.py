@@ -1,6 +1,6 @@
 """docs/audit-rules.md, generated from the rules themselves so it cannot drift.
 
-    python -m infrarsi.auditors._docs > docs/audit-rules.md
+python -m infrarsi.auditors._docs > docs/audit-rules.md
 """
 
 from __future__ import annotations
@@ -113,9 +113,16 @@ def audit_rules_reference() -> str:
     lines.append("")
     for rule_id, rule in RULES.items():
         doc = (sys.modules[type(rule).__module__].__doc__ or "").strip().split(":", 1)[-1].strip()
-        lines += [f"## {rule_id}", "", f"Check `audit.{rule_id}`"
-                  + (" (diff-aware: needs the baseline)" if rule.needs_baseline else "")
-                  + f". Finding: *{rule.message}*.", "", doc[0].upper() + doc[1:] if doc else "", ""]
+        lines += [
+            f"## {rule_id}",
+            "",
+            f"Check `audit.{rule_id}`"
+            + (" (diff-aware: needs the baseline)" if rule.needs_baseline else "")
+            + f". Finding: *{rule.message}*.",
+            "",
+            doc[0].upper() + doc[1:] if doc else "",
+            "",
+        ]
         lines += ["### Accepted", ""]
         for item in rule.VALID:
             lines += _example(item)

@@ -24,14 +24,30 @@ import libcst as cst
 from ._source import SourceModel, dotted
 from ._work import CLOCKS, UpdateWork
 
-__all__ = ["Op", "Region", "LoopModel", "UPDATE_KINDS", "RANGE_CUT"]
+__all__ = ["Op", "Region", "LoopModel", "UPDATE_KINDS", "RANGE_CUT", "loop_model"]
 
-UPDATE_KINDS = ("forward", "loss", "backward", "clip", "optimizer_step", "zero_grad", "scheduler_step",
-                "collective", "sync")
-KIND_WORDS = {"forward": "the forward pass", "loss": "the loss", "backward": "backward()",
-              "clip": "gradient clipping", "optimizer_step": "the optimizer step", "zero_grad": "zero_grad()",
-              "scheduler_step": "the scheduler step", "collective": "a collective call",
-              "sync": "device synchronisation"}
+UPDATE_KINDS = (
+    "forward",
+    "loss",
+    "backward",
+    "clip",
+    "optimizer_step",
+    "zero_grad",
+    "scheduler_step",
+    "collective",
+    "sync",
+)
+KIND_WORDS = {
+    "forward": "the forward pass",
+    "loss": "the loss",
+    "backward": "backward()",
+    "clip": "gradient clipping",
+    "optimizer_step": "the optimizer step",
+    "zero_grad": "zero_grad()",
+    "scheduler_step": "the scheduler step",
+    "collective": "a collective call",
+    "sync": "device synchronisation",
+}
 
 # Gradient accumulation guards the optimizer step with `(i + 1) % accum == 0`; a range cut
 # (`step > 10`, `step <= 5`) skips it for whole stretches of steps.
@@ -50,7 +66,7 @@ class Op:
     node: cst.CSTNode
     in_region: bool = False
     conditions: tuple[str, ...] = ()  # tests on the step index or on being measured that guard it
-    handed_off: str | None = None     # "a thread", "an executor", "another CUDA stream", ...
+    handed_off: str | None = None  # "a thread", "an executor", "another CUDA stream", ...
 
     @property
     def rank(self) -> int:
@@ -64,9 +80,9 @@ class Op:
 
 @dataclass
 class Region:
-    kind: str                      # probe | timer | cuda_event | timeit | rolling | loop
-    anchor: cst.CSTNode            # where to point a finding about the region
-    body: list[cst.CSTNode]        # statements (or one expression) the timer covers
+    kind: str  # probe | timer | cuda_event | timeit | rolling | loop
+    anchor: cst.CSTNode  # where to point a finding about the region
+    body: list[cst.CSTNode]  # statements (or one expression) the timer covers
     loops: list[cst.CSTNode] = field(default_factory=list)  # loops enclosing the region, innermost first
 
 
@@ -105,8 +121,12 @@ class LoopModel:
         for node in src.of_type(cst.With):
             for item in node.items:
                 call = item.item
-                if (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-                        and call.func.attr.value == "step" and src.probe_object(call.func.value)):
+                if (
+                    isinstance(call, cst.Call)
+                    and isinstance(call.func, cst.Attribute)
+                    and call.func.attr.value == "step"
+                    and src.probe_object(call.func.value)
+                ):
                     regions.append(Region("probe", node, list(node.body.body), self._enclosing_loops(node)))
                     break
         for block in src.of_type(cst.Module, cst.IndentedBlock):
@@ -129,8 +149,11 @@ class LoopModel:
             if isinstance(node, cst.Call):
                 if src.resolves_to(node.func, *CLOCKS):
                     return "timer"
-                if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "record"
-                        and dotted(node.func.value) in self.work.events):
+                if (
+                    isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value == "record"
+                    and dotted(node.func.value) in self.work.events
+                ):
                     return "cuda_event"
         return None
 
@@ -143,7 +166,7 @@ class LoopModel:
         i = 0
         while i + 1 < len(marks):
             (a, kind), (b, _) = marks[i], marks[i + 1]
-            regions.append(Region(kind, body[a], body[a + 1:b], self._enclosing_loops(body[a])))
+            regions.append(Region(kind, body[a], body[a + 1 : b], self._enclosing_loops(body[a])))
             i += 2
         if i < len(marks):  # one clock read left over in a loop body: a rolling timer (t1 ...; t0 = t1)
             owner = self.source.parent.get(block)
@@ -229,7 +252,12 @@ class LoopModel:
             for child in (node.body, node.orelse):
                 self._walk(child, region, steps, op_nodes, conditions + (guard,), handed_off, depth, seen)
             return
-        if isinstance(node, cst.With) and not handed_off and self.work.side_stream(node) and not self._joined(node, region):
+        if (
+            isinstance(node, cst.With)
+            and not handed_off
+            and self.work.side_stream(node)
+            and not self._joined(node, region)
+        ):
             for child in src.children(node):
                 self._walk(child, region, steps, op_nodes, conditions, "another CUDA stream", depth, seen)
             return
@@ -239,13 +267,22 @@ class LoopModel:
             target, how = self.work.handoff(node)
             if how and self._joined(node, region):
                 how = None
-            for fn in self._callees(node, target):
+            for fn in self.callees(node, target):
                 if id(fn) not in seen:
-                    inner_steps = steps | {p.name.value for p in fn.params.params
-                                           if p.name.value.lower() in _STEP_WORDS}
-                    for stmt in (fn.body.body if isinstance(fn, cst.FunctionDef) else [fn.body]):
-                        self._walk(stmt, region, inner_steps, op_nodes, conditions, handed_off or how,
-                                   depth + 1, seen | {id(fn)})
+                    inner_steps = steps | {
+                        p.name.value for p in fn.params.params if p.name.value.lower() in _STEP_WORDS
+                    }
+                    for stmt in fn.body.body if isinstance(fn, cst.FunctionDef) else [fn.body]:
+                        self._walk(
+                            stmt,
+                            region,
+                            inner_steps,
+                            op_nodes,
+                            conditions,
+                            handed_off or how,
+                            depth + 1,
+                            seen | {id(fn)},
+                        )
             if how and target is not None:
                 self._walk(target, region, steps, op_nodes, conditions, handed_off or how, depth, seen)
             for child in src.children(node):
@@ -255,7 +292,7 @@ class LoopModel:
         for child in src.children(node):
             self._walk(child, region, steps, op_nodes, conditions, handed_off, depth, seen)
 
-    def _callees(self, call: cst.Call, target: cst.CSTNode | None) -> list[cst.CSTNode]:
+    def callees(self, call: cst.Call, target: cst.CSTNode | None) -> list[cst.CSTNode]:
         """Same-file functions that ``call`` runs (or hands off): by name, ``self.method``, lambdas."""
         expr = target if target is not None else call.func
         if isinstance(expr, cst.Lambda):
@@ -280,9 +317,15 @@ class LoopModel:
         after = src.order[stmt]
         for body_node in region.body:
             for n in src.descendants(body_node):
-                if isinstance(n, cst.Call) and src.order[n] > after and not src.inside(n, stmt) and (
+                if (
+                    isinstance(n, cst.Call)
+                    and src.order[n] > after
+                    and not src.inside(n, stmt)
+                    and (
                         (isinstance(n.func, cst.Attribute) and n.func.attr.value in _JOINS)
-                        or src.resolves_to(n.func, "torch.cuda.synchronize", "concurrent.futures.wait")):
+                        or src.resolves_to(n.func, "torch.cuda.synchronize", "concurrent.futures.wait")
+                    )
+                ):
                     return True
         return False
 
@@ -302,3 +345,10 @@ class LoopModel:
             else:
                 out["firm"] += 1
         return out
+
+
+def loop_model(source: SourceModel) -> LoopModel:
+    """The measured regions and update work of ``source``'s file (computed once, shared by rules)."""
+    if "loop_model" not in source.memo:
+        source.memo["loop_model"] = LoopModel(source)
+    return source.memo["loop_model"]

@@ -17,13 +17,35 @@ import libcst as cst
 
 __all__ = ["NameResolver"]
 
-_SCOPES = (cst.Module, cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp,
-           cst.GeneratorExp)
+_SCOPES = (
+    cst.Module,
+    cst.FunctionDef,
+    cst.Lambda,
+    cst.ClassDef,
+    cst.ListComp,
+    cst.SetComp,
+    cst.DictComp,
+    cst.GeneratorExp,
+)
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _LOCAL = None  # a binding that is not an import
-_BINDERS = {cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef, cst.Param, cst.AssignTarget, cst.AnnAssign,
-            cst.AugAssign, cst.For, cst.CompFor, cst.WithItem, cst.NamedExpr, cst.ExceptHandler, cst.Global,
-            cst.Nonlocal}
+_BINDERS = {
+    cst.Import,
+    cst.ImportFrom,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.Param,
+    cst.AssignTarget,
+    cst.AnnAssign,
+    cst.AugAssign,
+    cst.For,
+    cst.CompFor,
+    cst.WithItem,
+    cst.NamedExpr,
+    cst.ExceptHandler,
+    cst.Global,
+    cst.Nonlocal,
+}
 
 
 def _dotted(expr: cst.CSTNode) -> str | None:

@@ -35,18 +35,51 @@ _CUTS = {"detach", "detach_", "item", "tolist", "numpy"}  # results that carry n
 _NO_GRAPH = ("torch.tensor", "torch.as_tensor", "builtins.float", "builtins.int", "builtins.bool")
 _DEPTH = 6
 # Methods of a model that don't run it (the rest, model.module(x) or model.compute_loss(x), do).
-_NOT_FORWARD = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
-                "children", "named_children", "zero_grad", "train", "eval", "to", "cuda", "cpu", "half", "float",
-                "double", "bfloat16", "type", "state_dict", "load_state_dict", "apply", "requires_grad_",
-                "no_sync", "register_buffer", "register_parameter", "register_forward_hook",
-                "register_forward_pre_hook", "register_full_backward_hook", "get_submodule", "get_parameter",
-                "share_memory", "extra_repr", "configure_optimizers", "numel", "num_parameters"}
+_NOT_FORWARD = {
+    "parameters",
+    "named_parameters",
+    "buffers",
+    "named_buffers",
+    "modules",
+    "named_modules",
+    "children",
+    "named_children",
+    "zero_grad",
+    "train",
+    "eval",
+    "to",
+    "cuda",
+    "cpu",
+    "half",
+    "float",
+    "double",
+    "bfloat16",
+    "type",
+    "state_dict",
+    "load_state_dict",
+    "apply",
+    "requires_grad_",
+    "no_sync",
+    "register_buffer",
+    "register_parameter",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "get_submodule",
+    "get_parameter",
+    "share_memory",
+    "extra_repr",
+    "configure_optimizers",
+    "numel",
+    "num_parameters",
+}
 
 
 def _root_call(value: cst.CSTNode) -> cst.CSTNode:
     """``TinyLM(cfg)`` in ``TinyLM(cfg).to(device).train()``."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
-            and isinstance(value.func.value, cst.Call):
+    while (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call)
+    ):
         value = value.func.value
     return value
 
@@ -55,7 +88,7 @@ def _root_call(value: cst.CSTNode) -> cst.CSTNode:
 class _Def:
     """Where a name gets a value, and the expression it gets it from."""
 
-    node: cst.CSTNode   # the statement, the ``for`` or the ``append`` call
+    node: cst.CSTNode  # the statement, the ``for`` or the ``append`` call
     value: cst.CSTNode
 
 
@@ -73,15 +106,18 @@ def _assignments(source: SourceModel) -> dict[str, list[_Def]]:
             if value is None:
                 continue
             for target in targets:
-                elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
-                    else [target]
+                elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
                 for element in elements:
                     if (name := dotted(element)) is not None:
                         cached.setdefault(name, []).append(_Def(node, value))
         for node in source.of_type(cst.Call):
             func = node.func
-            if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend", "insert") and node.args \
-                    and (name := dotted(func.value)) is not None:
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in ("append", "extend", "insert")
+                and node.args
+                and (name := dotted(func.value)) is not None
+            ):
                 cached.setdefault(name, []).append(_Def(node, node.args[-1].value))
         source.memo["definitions"] = cached
     return cached
@@ -99,8 +135,11 @@ class Anchors:
     def of(cls, baseline: SourceModel) -> Anchors | None:
         names = set()
         for call in baseline.of_type(cst.Call):
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters") \
-                    and (name := dotted(call.func.value)) is not None:
+            if (
+                isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in ("parameters", "named_parameters")
+                and (name := dotted(call.func.value)) is not None
+            ):
                 names.add(name)
         if not names:
             return None
@@ -136,8 +175,11 @@ class RealWork:
         for name, defs in self.assigned.items():
             for d in defs:
                 root = _root_call(d.value)
-                if isinstance(d.node, cst.Assign) and isinstance(root, cst.Call) \
-                        and dotted(root.func) in self.anchors.constructors:
+                if (
+                    isinstance(d.node, cst.Assign)
+                    and isinstance(root, cst.Call)
+                    and dotted(root.func) in self.anchors.constructors
+                ):
                     found.add(name)
         for _ in range(4):  # wrappers and aliases: step_fn = torch.compile(model), ddp = DDP(model)
             grown = set(found)
@@ -147,9 +189,15 @@ class RealWork:
                         continue
                     root = _root_call(d.value)
                     wrapped = [a.value for a in root.args if a.keyword is None] if isinstance(root, cst.Call) else []
-                    if dotted(root) in found or any(dotted(a) in found for a in wrapped) or (
-                            isinstance(root, cst.Call) and isinstance(root.func, cst.Attribute)
-                            and dotted(root.func.value) in found):
+                    if (
+                        dotted(root) in found
+                        or any(dotted(a) in found for a in wrapped)
+                        or (
+                            isinstance(root, cst.Call)
+                            and isinstance(root.func, cst.Attribute)
+                            and dotted(root.func.value) in found
+                        )
+                    ):
                         grown.add(name)
             if grown == found:
                 break
@@ -157,8 +205,11 @@ class RealWork:
         return found
 
     def _names_in(self, expr: cst.CSTNode) -> list[str]:
-        return [n for node in self.source.descendants(expr) if isinstance(node, (cst.Name, cst.Attribute))
-                and (n := dotted(node)) is not None]
+        return [
+            n
+            for node in self.source.descendants(expr)
+            if isinstance(node, (cst.Name, cst.Attribute)) and (n := dotted(node)) is not None
+        ]
 
     def reads_model(self, expr: cst.CSTNode, depth: int = 0) -> bool:
         """Does ``expr`` read the model (its parameters), directly or through names assigned from it?"""
@@ -181,14 +232,21 @@ class RealWork:
     def _unknown(self, name: str) -> bool:
         """A name the file never binds (a parameter, a global from elsewhere): it may be the real thing."""
         root = name.split(".")[0]
-        return name not in self.assigned and root not in self.assigned and root not in self.loops.functions \
+        return (
+            name not in self.assigned
+            and root not in self.assigned
+            and root not in self.loops.functions
             and not any(bound == root for _, _, bound in self.source.imports())
+        )
 
     def optimizer_name(self, name: str) -> bool:
         """A name assigned from a call that reads the model: ``opt = AdamW(model.parameters())``."""
         if name not in self._optimizers:
-            self._optimizers[name] = any(self._builds_from_model(d.value) for d in self.assigned.get(name, [])
-                                         if isinstance(d.node, (cst.Assign, cst.AnnAssign)))
+            self._optimizers[name] = any(
+                self._builds_from_model(d.value)
+                for d in self.assigned.get(name, [])
+                if isinstance(d.node, (cst.Assign, cst.AnnAssign))
+            )
         return self._optimizers[name]
 
     def is_optimizer(self, expr: cst.CSTNode | None) -> bool:
@@ -200,8 +258,9 @@ class RealWork:
         if not isinstance(call, cst.Call):
             return False
         callee = dotted(call.func)
-        if callee is not None and (callee in self.models or (callee.endswith(".forward")
-                                                             and callee[:-len(".forward")] in self.models)):
+        if callee is not None and (
+            callee in self.models or (callee.endswith(".forward") and callee[: -len(".forward")] in self.models)
+        ):
             return True
         if callee is not None and self._unknown(callee) and self.loops.work.is_model_call(call):
             return True
@@ -210,8 +269,11 @@ class RealWork:
             if owner in self.models and method not in _NOT_FORWARD:
                 return True
         args = [a.value for a in call.args if a.keyword is None]
-        return bool(args) and self.source.resolves_to(call.func, "torch.utils.checkpoint") \
+        return (
+            bool(args)
+            and self.source.resolves_to(call.func, "torch.utils.checkpoint")
             and dotted(args[0]) in self.models
+        )
 
     def reaches_output(self, expr: cst.CSTNode, depth: int = 0) -> bool:
         """Is ``expr`` computed from the model's output, with the autograd graph intact?"""
@@ -241,8 +303,11 @@ class RealWork:
                     return True
                 if any(self.reaches_output(r, depth + 1) for r in self._returns(node)):
                     return True
-            if isinstance(node, (cst.Name, cst.Attribute)) and (name := dotted(node)) is not None \
-                    and name in self.assigned:
+            if (
+                isinstance(node, (cst.Name, cst.Attribute))
+                and (name := dotted(node)) is not None
+                and name in self.assigned
+            ):
                 if any(self.reaches_output(d.value, depth + 1) for d in self._reaching(name, node)):
                     return True
                 if isinstance(node, cst.Attribute):
@@ -271,7 +336,7 @@ class RealWork:
 
     def _returns(self, call: cst.Call) -> list[cst.CSTNode]:
         """The returned values of a same-file function or method that ``call`` runs."""
-        fns = self.loops._callees(call, None)
+        fns = self.loops.callees(call, None)
         out = []
         for fn in fns:
             if isinstance(fn, cst.Lambda):
@@ -288,12 +353,18 @@ class RealWork:
             return any(self.is_forward(n) for n in self.source.descendants(value))
         if kind == "loss":
             return node.value is not None and self.reaches_output(node.value)
-        receiver = node.value if isinstance(node, cst.Attribute) else (
-            node.func.value if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) else None)
+        receiver = (
+            node.value
+            if isinstance(node, cst.Attribute)
+            else (node.func.value if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) else None)
+        )
         args = [a.value for a in node.args] if isinstance(node, cst.Call) else []
         if kind == "backward":
-            target = receiver if receiver is not None and not self.source.resolves_to(
-                node.func, "torch.autograd.backward") else (args[0] if args else None)
+            target = (
+                receiver
+                if receiver is not None and not self.source.resolves_to(node.func, "torch.autograd.backward")
+                else (args[0] if args else None)
+            )
             return target is not None and self.reaches_output(target)
         if kind == "clip":
             return any(self.reads_model(a) or any(self.optimizer_name(n) for n in self._names_in(a)) for a in args)

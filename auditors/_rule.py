@@ -23,8 +23,14 @@ class Finding:
     code: str = ""
 
     def to_json(self) -> dict:
-        return {"rule": self.rule, "path": self.path, "line": self.line, "col": self.col,
-                "message": self.message, "code": self.code}
+        return {
+            "rule": self.rule,
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "message": self.message,
+            "code": self.code,
+        }
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.col}: {self.rule}: {self.message}"

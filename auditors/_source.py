@@ -7,20 +7,18 @@ what encloses it) instead of each walking the tree with its own metadata.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from infrarsi.errors import SourceError
+
 from ._names import NameResolver
 
-__all__ = ["SourceModel", "SourceError", "dotted", "string_value"]
+__all__ = ["SourceModel", "dotted", "string_value"]
 
 PROBE_MODULE = "infrarsi.probe"
-
-
-class SourceError(ValueError):
-    """The text is not Python that libcst can parse."""
 
 
 def dotted(expr: cst.CSTNode) -> str | None:
@@ -50,11 +48,31 @@ def string_value(node: cst.CSTNode) -> str | None:
 
 
 # Layout-only nodes no rule reads: leaving them out of the walk halves the nodes visited.
-_LAYOUT = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline, cst.Comment,
-           cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.LeftParen, cst.RightParen,
-           cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace,
-           cst.ImportStar, cst.Asynchronous, cst.BaseAugOp, cst.BaseBinaryOp, cst.BaseBooleanOp,
-           cst.BaseCompOp, cst.BaseUnaryOp)
+_LAYOUT = (
+    cst.BaseParenthesizableWhitespace,
+    cst.EmptyLine,
+    cst.TrailingWhitespace,
+    cst.Newline,
+    cst.Comment,
+    cst.Comma,
+    cst.Dot,
+    cst.Colon,
+    cst.Semicolon,
+    cst.AssignEqual,
+    cst.LeftParen,
+    cst.RightParen,
+    cst.LeftSquareBracket,
+    cst.RightSquareBracket,
+    cst.LeftCurlyBrace,
+    cst.RightCurlyBrace,
+    cst.ImportStar,
+    cst.Asynchronous,
+    cst.BaseAugOp,
+    cst.BaseBinaryOp,
+    cst.BaseBooleanOp,
+    cst.BaseCompOp,
+    cst.BaseUnaryOp,
+)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -93,8 +111,9 @@ class SourceModel:
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as exc:
-            raise SourceError(f"{path}:{exc.editor_line}:{exc.editor_column}: not valid Python: "
-                              f"{exc.message}") from None
+            raise SourceError(
+                f"{path}:{exc.editor_line}:{exc.editor_column}: not valid Python: {exc.message}"
+            ) from None
         except (cst.CSTValidationError, RecursionError, ValueError) as exc:  # e.g. a name no identifier may have
             raise SourceError(f"{path}:1:1: not valid Python: {exc}") from None
         self.module = module
@@ -118,18 +137,9 @@ class SourceModel:
         self._names = NameResolver(self.nodes, self.parent)
         self._qualified: dict[cst.CSTNode, set[str]] = {}
         self._positions = None
-        self._loops = None
         self._imports = None
         self.memo: dict = {}  # what helpers work out once per file (auditors/_values.py)
         self.probe_vars = self._find_probe_vars()
-
-    def loop_model(self):
-        """The measured regions and update work of this file (computed once, shared by rules)."""
-        if self._loops is None:
-            from ._loop import LoopModel
-
-            self._loops = LoopModel(self)
-        return self._loops
 
     # -- basic questions ------------------------------------------------------------------
     def code(self, node: cst.CSTNode) -> str:

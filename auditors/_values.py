@@ -13,23 +13,47 @@ write is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import libcst as cst
 
 from ._source import SourceModel, dotted, string_value
 
-__all__ = ["CLOCK_MODULES", "DEVICE_CLOCKS", "PROBE", "Write", "attribute_writes", "bound_from", "call_args",
-           "const_int", "const_str", "is_clock", "is_probe", "is_reference", "last_name", "namespace_of",
-           "object_paths", "root_name", "under", "written_paths"]
+__all__ = [
+    "CLOCK_MODULES",
+    "DEVICE_CLOCKS",
+    "PROBE",
+    "bound_from",
+    "call_args",
+    "const_int",
+    "const_str",
+    "is_clock",
+    "is_probe",
+    "is_reference",
+    "last_name",
+    "namespace_of",
+    "object_paths",
+    "root_name",
+    "under",
+]
 
 PROBE = "<probe>"  # the root of a path through the probe object from infrarsi.probe.from_env()
 _DEPTH = 6
-_STR_METHODS = {"upper", "lower", "strip", "lstrip", "rstrip", "replace", "casefold", "title", "capitalize",
-                "removeprefix", "removesuffix", "decode", "encode", "format", "swapcase"}
-_SETATTR = {"builtins.setattr", "builtins.delattr", "builtins.object.__setattr__", "builtins.object.__delattr__",
-            "builtins.type.__setattr__", "builtins.type.__delattr__", "unittest.mock.patch.object"}
-_DICT_WRITERS = {"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear"}
+_STR_METHODS = {
+    "upper",
+    "lower",
+    "strip",
+    "lstrip",
+    "rstrip",
+    "replace",
+    "casefold",
+    "title",
+    "capitalize",
+    "removeprefix",
+    "removesuffix",
+    "decode",
+    "encode",
+    "format",
+    "swapcase",
+}
 
 
 def call_args(call: cst.Call) -> list[cst.CSTNode]:
@@ -118,8 +142,11 @@ def const_str(source: SourceModel, node: cst.CSTNode, depth: int = 0) -> str | N
         for part in node.parts:
             if isinstance(part, cst.FormattedStringText):
                 out.append(part.value)
-            elif part.format_spec is None and part.conversion is None and \
-                    (value := const_str(source, part.expression, depth + 1)) is not None:
+            elif (
+                part.format_spec is None
+                and part.conversion is None
+                and (value := const_str(source, part.expression, depth + 1)) is not None
+            ):
                 out.append(value)
             else:
                 return None
@@ -141,7 +168,7 @@ def const_str(source: SourceModel, node: cst.CSTNode, depth: int = 0) -> str | N
             bounds = [const_int(source, b) if b is not None else None for b in (item.lower, item.upper, item.step)]
             if any(b is None and given is not None for b, given in zip(bounds, (item.lower, item.upper, item.step))):
                 return None
-            return text[bounds[0]:bounds[1]:bounds[2]] if bounds[2] != 0 else None
+            return text[bounds[0] : bounds[1] : bounds[2]] if bounds[2] != 0 else None
         if isinstance(item, cst.Index) and (index := const_int(source, item.value)) is not None:
             return text[index] if -len(text) <= index < len(text) else None
         return None
@@ -166,8 +193,13 @@ def _const_items(source: SourceModel, node: cst.CSTNode, depth: int) -> list[str
     if isinstance(node, cst.Call) and dotted(node.func) in ("reversed", "list", "tuple") and node.args:
         items = _const_items(source, node.args[0].value, depth + 1)
         return items[::-1] if items is not None and dotted(node.func) == "reversed" else items
-    if isinstance(node, cst.Call) and dotted(node.func) == "map" and len(node.args) == 2 \
-            and dotted(node.args[0].value) == "chr" and isinstance(node.args[1].value, (cst.List, cst.Tuple)):
+    if (
+        isinstance(node, cst.Call)
+        and dotted(node.func) == "map"
+        and len(node.args) == 2
+        and dotted(node.args[0].value) == "chr"
+        and isinstance(node.args[1].value, (cst.List, cst.Tuple))
+    ):
         codes = [const_int(source, e.value) for e in node.args[1].value.elements]
         return None if None in codes or any(not 0 <= c < 0x110000 for c in codes) else [chr(c) for c in codes]
     text = const_str(source, node, depth + 1)
@@ -257,8 +289,7 @@ def _object_paths(source: SourceModel, expr: cst.CSTNode, depth: int) -> set[str
     if isinstance(expr, cst.Call):
         return _resolve_call(source, expr, depth)
     if isinstance(expr, cst.Subscript):
-        key = expr.slice[0].slice.value if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) \
-            else None
+        key = expr.slice[0].slice.value if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index) else None
         text = const_str(source, key) if key is not None else None
         if dotted(expr.value) == "sys.modules" and key is not None:
             return {text} if text else {"?"}
@@ -270,84 +301,32 @@ def _object_paths(source: SourceModel, expr: cst.CSTNode, depth: int) -> set[str
 
 def namespace_of(source: SourceModel, expr: cst.CSTNode) -> cst.CSTNode | None:
     """``x`` for ``vars(x)`` or ``x.__dict__``, else None."""
-    if isinstance(expr, cst.Call) and last_name(expr.func) == "vars" and source.resolves_to(expr.func, "builtins.vars") \
-            and call_args(expr):
+    if (
+        isinstance(expr, cst.Call)
+        and last_name(expr.func) == "vars"
+        and source.resolves_to(expr.func, "builtins.vars")
+        and call_args(expr)
+    ):
         return call_args(expr)[0]
     if isinstance(expr, cst.Attribute) and expr.attr.value == "__dict__":
         return expr.value
     return None
 
 
-@dataclass(frozen=True)
-class Write:
-    """One write to an attribute of an object: where, to what, which attribute (None: computed)."""
-
-    node: cst.CSTNode
-    obj: cst.CSTNode
-    attr: str | None
-    value: cst.CSTNode | None
-    how: str  # "assigned", "deleted", "setattr", "namespace"
-
-
-def _targets(expr: cst.CSTNode) -> list[cst.CSTNode]:
-    if isinstance(expr, (cst.Tuple, cst.List)):
-        return [t for e in expr.elements for t in _targets(e.value)]
-    if isinstance(expr, cst.StarredElement):
-        return _targets(expr.value)
-    return [expr]
-
-
-def _subscript_key(source: SourceModel, node: cst.Subscript) -> str | None:
-    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
-        return const_str(source, node.slice[0].slice.value)
-    return None
-
-
-def attribute_writes(source: SourceModel) -> list[Write]:
-    """Every attribute write in the file, however spelled (computed once per source)."""
-    cached = source.memo.get("writes")
-    if cached is not None:
-        return cached
-    out: list[Write] = []
-    for node in source.of_type(cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Del):
-        if isinstance(node, cst.Assign):
-            targets = [t for a in node.targets for t in _targets(a.target)]
-        else:
-            targets = _targets(node.target)
-        value = getattr(node, "value", None)
-        how = "deleted" if isinstance(node, cst.Del) else "assigned"
-        for target in targets:
-            if isinstance(target, cst.Attribute):
-                out.append(Write(node, target.value, target.attr.value, value, how))
-            elif isinstance(target, cst.Subscript) and (owner := namespace_of(source, target.value)) is not None:
-                out.append(Write(node, owner, _subscript_key(source, target), value, "namespace"))
-    for call in source.of_type(cst.Call):
-        args = call_args(call)
-        if len(args) >= 2 and source.qnames(call.func) & _SETATTR:
-            out.append(Write(call, args[0], const_str(source, args[1]), args[2] if len(args) > 2 else None,
-                             "setattr"))
-        elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _DICT_WRITERS \
-                and (owner := namespace_of(source, call.func.value)) is not None:
-            key = const_str(source, args[0]) if args and call.func.attr.value != "update" else None
-            out.append(Write(call, owner, key, args[-1] if args else None, "namespace"))
-    source.memo["writes"] = out
-    return out
-
-
 # -- what a path is ----------------------------------------------------------------------------
 CLOCK_MODULES = ("time", "timeit")
-DEVICE_CLOCKS = ("torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.Stream.synchronize",
-                 "torch.cuda.current_stream", "torch.Event")
+DEVICE_CLOCKS = (
+    "torch.cuda.synchronize",
+    "torch.cuda.Event",
+    "torch.cuda.Stream.synchronize",
+    "torch.cuda.current_stream",
+    "torch.Event",
+)
 
 
 def under(path: str, *prefixes: str) -> bool:
     """``path`` is one of ``prefixes`` or reached from one (an attribute, a call, an item)."""
     return any(path == p or (path.startswith(p) and path[len(p)] in ".([") for p in prefixes)
-
-
-def written_paths(source: SourceModel, write: Write) -> set[str]:
-    """The attribute paths a write changes (``?`` for a computed attribute name)."""
-    return {f"{p}.{write.attr or '?'}" for p in object_paths(source, write.obj)}
 
 
 def is_clock(path: str) -> bool:

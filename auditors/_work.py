@@ -14,16 +14,63 @@ from ._source import SourceModel, dotted
 
 __all__ = ["UpdateWork", "CLOCKS"]
 
-CLOCKS = ("time.perf_counter", "time.perf_counter_ns", "time.time", "time.time_ns", "time.monotonic",
-          "time.monotonic_ns", "time.process_time", "time.process_time_ns", "timeit.default_timer")
-_COLLECTIVES = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor",
-                "broadcast", "barrier", "reduce", "all_to_all", "all_to_all_single"}
-_HANDOFF_TARGETS = {"threading.Thread": "a thread", "multiprocessing.Process": "a process",
-                    "threading.Timer": "a thread", "asyncio.to_thread": "a thread"}
-_HANDOFF_METHODS = {"submit": "an executor", "map": "an executor", "apply_async": "a process pool",
-                    "run_in_executor": "an executor"}
-_BUILTINS = {"next", "iter", "len", "list", "tuple", "dict", "zip", "enumerate", "range", "float", "int",
-             "sum", "min", "max", "abs", "round", "sorted", "print", "isinstance", "getattr"}
+CLOCKS = (
+    "time.perf_counter",
+    "time.perf_counter_ns",
+    "time.time",
+    "time.time_ns",
+    "time.monotonic",
+    "time.monotonic_ns",
+    "time.process_time",
+    "time.process_time_ns",
+    "timeit.default_timer",
+)
+_COLLECTIVES = {
+    "all_reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "barrier",
+    "reduce",
+    "all_to_all",
+    "all_to_all_single",
+}
+_HANDOFF_TARGETS = {
+    "threading.Thread": "a thread",
+    "multiprocessing.Process": "a process",
+    "threading.Timer": "a thread",
+    "asyncio.to_thread": "a thread",
+}
+_HANDOFF_METHODS = {
+    "submit": "an executor",
+    "map": "an executor",
+    "apply_async": "a process pool",
+    "run_in_executor": "an executor",
+}
+_BUILTINS = {
+    "next",
+    "iter",
+    "len",
+    "list",
+    "tuple",
+    "dict",
+    "zip",
+    "enumerate",
+    "range",
+    "float",
+    "int",
+    "sum",
+    "min",
+    "max",
+    "abs",
+    "round",
+    "sorted",
+    "print",
+    "isinstance",
+    "getattr",
+}
 _ANYWHERE = -1  # a loss alias on an attribute may be computed in any method
 _COLLECTORS = {"append", "extend", "insert"}  # a list of losses filled in a loop
 
@@ -62,13 +109,14 @@ class UpdateWork:
         if attr == "backward" or src.resolves_to(func, "torch.autograd.backward"):
             return "backward"
         if attr in ("clip_grad_norm_", "clip_grad_value_") or src.resolves_to(
-                func, "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
-                "torch.nn.utils.clip_grad"):
+            func, "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad"
+        ):
             return "clip"
         if attr == "zero_grad":
             return "zero_grad"
-        if src.resolves_to(func, "torch.cuda.synchronize", "torch.xpu.synchronize", "torch.mps.synchronize") \
-                or (attr in ("synchronize", "wait_stream") and receiver is not None and "event" not in receiver):
+        if src.resolves_to(func, "torch.cuda.synchronize", "torch.xpu.synchronize", "torch.mps.synchronize") or (
+            attr in ("synchronize", "wait_stream") and receiver is not None and "event" not in receiver
+        ):
             return "sync"
         if src.resolves_to(func, *(f"torch.distributed.{c}" for c in _COLLECTIVES)):
             return "collective"
@@ -102,8 +150,11 @@ class UpdateWork:
             return name
         if isinstance(expr, cst.Call):
             func, args = expr.func, [a.value for a in expr.args if a.keyword is None]
-            if isinstance(func, cst.Attribute) and func.attr.value != "scale" \
-                    and (dotted(func.value) or "").split(".")[0] not in self._imported_roots():
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value != "scale"
+                and (dotted(func.value) or "").split(".")[0] not in self._imported_roots()
+            ):
                 return self._root_name(func.value, depth + 1)  # a method of the loss: loss.mul(1.0), loss.sum()
             return self._root_name(args[0], depth + 1) if args else None  # scaler.scale(loss), torch.mean(loss)
         if isinstance(expr, cst.BinaryOperation):
@@ -167,12 +218,19 @@ class UpdateWork:
                     out.setdefault(name, []).append(node)
         for node in self.source.of_type(cst.Expr):  # losses.append(model(x, y) / accum)
             call = node.value
-            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-                    and call.func.attr.value in _COLLECTORS and call.args):
+            if not (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in _COLLECTORS
+                and call.args
+            ):
                 continue
             name = dotted(call.func.value)
-            if name in losses and (_ANYWHERE in losses[name] or id(self.owner(node)) in losses[name]) and any(
-                    isinstance(d, cst.Call) for a in call.args for d in self.source.descendants(a.value)):
+            if (
+                name in losses
+                and (_ANYWHERE in losses[name] or id(self.owner(node)) in losses[name])
+                and any(isinstance(d, cst.Call) for a in call.args for d in self.source.descendants(a.value))
+            ):
                 out.setdefault(name, []).append(node)
         self._losses = out
         return out
@@ -213,8 +271,12 @@ class UpdateWork:
             targets = set()
             for t in node.targets:
                 elements = t.target.elements if isinstance(t.target, (cst.Tuple, cst.List)) else [t.target]
-                targets |= {e.value.value if isinstance(e, cst.BaseElement) and isinstance(e.value, cst.Name)
-                            else getattr(e, "value", None) for e in elements}
+                targets |= {
+                    e.value.value
+                    if isinstance(e, cst.BaseElement) and isinstance(e.value, cst.Name)
+                    else getattr(e, "value", None)
+                    for e in elements
+                }
             if targets & read:
                 feeders.append(node)
         return feeders
@@ -234,5 +296,7 @@ class UpdateWork:
         return None, None
 
     def side_stream(self, node: cst.With) -> bool:
-        return any(isinstance(i.item, cst.Call) and self.source.resolves_to(i.item.func, "torch.cuda.stream")
-                   for i in node.items)
+        return any(
+            isinstance(i.item, cst.Call) and self.source.resolves_to(i.item.func, "torch.cuda.stream")
+            for i in node.items
+        )

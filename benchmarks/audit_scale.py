@@ -77,8 +77,16 @@ STEPS = WARMUP + MEASURE
 PAIRS = 5
 REBASELINE_EVERY = 1000
 PLANT_KINDS = ("loss", "clock", "clock_patch", "missing_receipts")
-RUN_IDS = ("integrity.protected", "integrity.framework", "integrity.containment", "timing.window",
-           "timing.clock", "numerics.loss", "numerics.grad_norm", "numerics.precision")
+RUN_IDS = (
+    "integrity.protected",
+    "integrity.framework",
+    "integrity.containment",
+    "timing.window",
+    "timing.clock",
+    "numerics.loss",
+    "numerics.grad_norm",
+    "numerics.precision",
+)
 SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected")
 
 
@@ -87,7 +95,8 @@ SCOPE_IDS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "
 
 # What an older InfraRSI wrote in rule_version: its verdicts are re-judged from source.
 OLD_RULE_VERSION = "verifiers-1+auditors-0"
-from infrarsi._verify import VERDICT_VERSION  # noqa: E402 - what today's code writes
+from infrarsi._policy import VERDICT_VERSION  # noqa: E402 - what today's code writes
+
 
 def build_template(ws: Path, log) -> Path:
     """The TinyGPT workspace with a 30-step window, initialised, baselined (2 runs), verified once."""
@@ -99,7 +108,6 @@ def build_template(ws: Path, log) -> Path:
                 return ws
         raise SystemExit(f"{ws}: holds a ledger without an ok verify row; remove it to rebuild the template")
     import infrarsi
-    from infrarsi import _workspace
 
     if ws.exists():
         shutil.rmtree(ws)
@@ -111,7 +119,7 @@ def build_template(ws: Path, log) -> Path:
     toml.write_text(text)
     started = time.perf_counter()
     log(f"template: building in {ws} (2 baseline runs and 1 verify run of TinyGPT, 30-60 s)")
-    _workspace.init(toml)
+    infrarsi.init(toml)
     infrarsi.baseline(toml, runs=2)
     outcome = infrarsi.verify(toml, sets={"attention": "sdpa"}, patches=["batched-heads"], pairs=0)
     bad = [c for c in outcome.checks if c.status in ("fail", "unchecked")]
@@ -138,18 +146,18 @@ class Template:
     contract_hash: str
     manifest_hash: str
     summary: dict
-    knobs: dict                 # name -> (choices, baseline)
+    knobs: dict  # name -> (choices, baseline)
     baselines: list[RunTemplate]
     candidate: RunTemplate
-    pre_verdicts: list[dict]    # scope.*, integrity.manifest, audit.*: before the run
-    run_verdicts: list[dict]    # the run's checks
+    pre_verdicts: list[dict]  # scope.*, integrity.manifest, audit.*: before the run
+    run_verdicts: list[dict]  # the run's checks
     rule_version: str
     patch_name: str
     patch_text: str
     model_pre: bytes
     train_pre: bytes
     min_speedup: float
-    cand_factor: float = 1.0    # the candidate's clock scale, so that it is clearly faster
+    cand_factor: float = 1.0  # the candidate's clock scale, so that it is clearly faster
 
 
 def load_template(ws: Path) -> Template:
@@ -159,9 +167,13 @@ def load_template(ws: Path) -> Template:
 
         def run(row) -> RunTemplate:
             receipts = led.get_blob(row["receipts_hash"]).decode()
-            return RunTemplate([json.loads(line) for line in receipts.splitlines()],
-                               json.loads(led.get_blob(row["evidence_hash"])), row["step_time_s"],
-                               row["peak_mem_mb"], row["wall_s"])
+            return RunTemplate(
+                [json.loads(line) for line in receipts.splitlines()],
+                json.loads(led.get_blob(row["evidence_hash"])),
+                row["step_time_s"],
+                row["peak_mem_mb"],
+                row["wall_s"],
+            )
 
         base_rows = [r for r in rows if r["kind"] == "baseline" and r["status"] == "ok"]
         verify = next(r for r in rows if r["kind"] == "verify" and r["status"] == "ok")
@@ -171,18 +183,23 @@ def load_template(ws: Path) -> Template:
         assert model_path == "model.py", verify["sources"]
         contract_toml = tomllib.loads(contract_text.decode())
         tpl = Template(
-            contract_text=contract_text, min_speedup=float(contract_toml["search"]["min_speedup"]),
+            contract_text=contract_text,
+            min_speedup=float(contract_toml["search"]["min_speedup"]),
             contract_hash=verify["contract_hash"],
-            manifest_hash=verify["manifest_hash"], summary=summary,
-            knobs={name: (list(k["choices"]), k["baseline"])
-                   for name, k in contract_toml["knobs"].items()},
-            baselines=[run(r) for r in base_rows], candidate=run(verify),
+            manifest_hash=verify["manifest_hash"],
+            summary=summary,
+            knobs={name: (list(k["choices"]), k["baseline"]) for name, k in contract_toml["knobs"].items()},
+            baselines=[run(r) for r in base_rows],
+            candidate=run(verify),
             pre_verdicts=[v for v in verify["verdicts"] if v["id"] not in RUN_IDS],
             run_verdicts=[v for v in verify["verdicts"] if v["id"] in RUN_IDS],
             # Rows the builder writes stand for rows today's code wrote (the template may be older).
-            rule_version=VERDICT_VERSION, patch_name=patch["name"],
-            patch_text=led.get_blob(patch["sha256"]).decode(), model_pre=led.get_blob(model_hash),
-            train_pre=(ws / "train.py").read_bytes())
+            rule_version=VERDICT_VERSION,
+            patch_name=patch["name"],
+            patch_text=led.get_blob(patch["sha256"]).decode(),
+            model_pre=led.get_blob(model_hash),
+            train_pre=(ws / "train.py").read_bytes(),
+        )
     assert sha256_hex(tpl.contract_text) == tpl.contract_hash
     base_median = sorted(b.step_time_s for b in tpl.baselines)[0]
     # The audit re-judges each verify batch's speedup: keep the candidate clearly faster.
@@ -226,8 +243,9 @@ class Variants:
         k = self.count
         self.count += 1
         post = f"{self.head}        # variant {k}\n{self.marker}{self.tail}"
-        diff = difflib.unified_diff(self.pre.splitlines(keepends=True), post.splitlines(keepends=True),
-                                    "a/model.py", "b/model.py")
+        diff = difflib.unified_diff(
+            self.pre.splitlines(keepends=True), post.splitlines(keepends=True), "a/model.py", "b/model.py"
+        )
         return "diff --git a/model.py b/model.py\n" + "".join(diff)
 
 
@@ -245,8 +263,9 @@ class Clock:
         return self.now
 
 
-def render(run: RunTemplate, start_ns: int, scale: float, rng: random.Random,
-           plant: str | None = None) -> tuple[bytes, dict, dict]:
+def render(
+    run: RunTemplate, start_ns: int, scale: float, rng: random.Random, plant: str | None = None
+) -> tuple[bytes, dict, dict]:
     """Receipts and evidence of one run: every clock stamp mapped by x -> start + (x - t0) * scale."""
     origin = run.evidence["started_ns"]
 
@@ -303,9 +322,14 @@ def self_check(tpl: Template, ws: Path) -> None:
 
     def judged(run, scale, plant=None):
         receipts, ev, _ = render(run, 10**15, scale, rng, plant)
-        evidence = RunEvidence(receipt_lines=receipts.decode().splitlines(), arrivals_ns=ev["arrivals_ns"],
-                               started_ns=ev["started_ns"], ended_ns=ev["ended_ns"],
-                               integrity=ev["integrity"], evidence_kind=ev.get("evidence_kind", "probe"))
+        evidence = RunEvidence(
+            receipt_lines=receipts.decode().splitlines(),
+            arrivals_ns=ev["arrivals_ns"],
+            started_ns=ev["started_ns"],
+            ended_ns=ev["ended_ns"],
+            integrity=ev["integrity"],
+            evidence_kind=ev.get("evidence_kind", "probe"),
+        )
         return {c.id: c for c in judge_run(evidence, ref, rules)}
 
     runs = [(b, 1.0) for b in tpl.baselines] + [(tpl.candidate, tpl.cand_factor)]
@@ -335,8 +359,9 @@ class Built:
 
 
 class Builder:
-    def __init__(self, tpl: Template, ledger: Ledger, n: int, rng: random.Random, progress,
-                 old_fraction: float = 0.1) -> None:
+    def __init__(
+        self, tpl: Template, ledger: Ledger, n: int, rng: random.Random, progress, old_fraction: float = 0.1
+    ) -> None:
         self.tpl, self.ledger, self.n, self.rng, self.progress = tpl, ledger, n, rng, progress
         self.old_fraction = old_fraction
         self.variants = Variants(tpl)
@@ -364,10 +389,25 @@ class Builder:
             return {name: base for name, (_, base) in self.tpl.knobs.items()}
         return {name: self.rng.choice(choices) for name, (choices, _) in self.tpl.knobs.items()}
 
-    def _append(self, kind: str, batch: str, seq: int, status: str, *, knobs: dict, patches=(),
-                run: RunTemplate | None = None, factor: float = 1.0, verdicts=None, detail: str = "",
-                exit_code: int | None = 0, baseline_id: int | None = None, plant: str | None = None,
-                step_scale: float | None = None, rule_version: str | None = None) -> tuple[int, float | None]:
+    def _append(
+        self,
+        kind: str,
+        batch: str,
+        seq: int,
+        status: str,
+        *,
+        knobs: dict,
+        patches=(),
+        run: RunTemplate | None = None,
+        factor: float = 1.0,
+        verdicts=None,
+        detail: str = "",
+        exit_code: int | None = 0,
+        baseline_id: int | None = None,
+        plant: str | None = None,
+        step_scale: float | None = None,
+        rule_version: str | None = None,
+    ) -> tuple[int, float | None]:
         blobs: dict[str, tuple[bytes, str]] = {}
         patch_refs, sources = [], {}
         for name, text, path, pre in patches:
@@ -381,8 +421,13 @@ class Builder:
         wall = 0.0
         stderr = ""
         if status == "ok" and run is not None:
-            if plant is None and self.pending and self.pending[0][0] <= self.written + 1 \
-                    and self.pending[0][1] in ("loss", "clock", "missing_receipts") and kind != "baseline":
+            if (
+                plant is None
+                and self.pending
+                and self.pending[0][0] <= self.written + 1
+                and self.pending[0][1] in ("loss", "clock", "missing_receipts")
+                and kind != "baseline"
+            ):
                 plant = self.pending.pop(0)[1]
             scale = (step_scale or self.rng.uniform(0.9, 1.1)) * factor
             receipts, evidence, _ = render(run, start, scale, self.rng, plant)
@@ -401,36 +446,64 @@ class Builder:
             limit = 560
             if status == "oom":
                 rss = self.rng.randint(limit + 1, limit + 40)
-                detail = (f"needs more than the limit of {limit} MB "
-                          f"(killed when the process tree's RSS reached {rss} MB)")
+                detail = (
+                    f"needs more than the limit of {limit} MB (killed when the process tree's RSS reached {rss} MB)"
+                )
                 exit_code = -9
             elif status == "timeout":
                 detail, exit_code = "killed after the timeout of 300 s", -9
             else:
                 err = f"RuntimeError: shape mismatch in variant at line {self.rng.randint(40, 160)}"
-                stderr = f"Traceback (most recent call last):\n  File \"train.py\", line 88, in <module>\n{err}\n"
+                stderr = f'Traceback (most recent call last):\n  File "train.py", line 88, in <module>\n{err}\n'
                 detail, exit_code = f"exit code 1: {err}", 1
                 peak = round(self.rng.uniform(200, 480), 1)
-            evidence = {"version": 1, "argv": ["python", "train.py"], "evidence_kind": "probe",
-                        "started_ns": start, "ended_ns": end, "arrivals_ns": [], "stdout_lines": 0,
-                        "bad_receipt_lines": 0, "receipts_ended": False,
-                        "guard": {"interval_s": 0.01, "samples": int(wall * 100), "limit_bytes": limit * 2**20,
-                                  "censored": status == "oom"},
-                        "fingerprint": self.tpl.candidate.evidence.get("fingerprint", {})}
+            evidence = {
+                "version": 1,
+                "argv": ["python", "train.py"],
+                "evidence_kind": "probe",
+                "started_ns": start,
+                "ended_ns": end,
+                "arrivals_ns": [],
+                "stdout_lines": 0,
+                "bad_receipt_lines": 0,
+                "receipts_ended": False,
+                "guard": {
+                    "interval_s": 0.01,
+                    "samples": int(wall * 100),
+                    "limit_bytes": limit * 2**20,
+                    "censored": status == "oom",
+                },
+                "fingerprint": self.tpl.candidate.evidence.get("fingerprint", {}),
+            }
             data = canonical_json(evidence)
             evidence_hash = sha256_hex(data)
             blobs["evidence"] = (data, "evidence")
-        row = self.ledger.append_execution({
-            "batch": batch, "kind": kind, "seq": seq,
-            "contract_hash": self.tpl.contract_hash, "manifest_hash": self.tpl.manifest_hash,
-            "knobs": knobs, "patches": patch_refs, "sources": sources,
-            "status": status, "detail": detail, "exit_code": exit_code,
-            "step_time_s": step_time, "peak_mem_mb": peak, "device_s": wall, "wall_s": wall,
-            "receipts_hash": receipts_hash, "evidence_hash": evidence_hash, "stderr_tail": stderr,
-            "verdicts": verdicts,
-            "rule_version": (rule_version or self.tpl.rule_version) if verdicts is not None else None,
-            "baseline_id": baseline_id,
-        }, blobs=blobs)
+        row = self.ledger.append_execution(
+            {
+                "batch": batch,
+                "kind": kind,
+                "seq": seq,
+                "contract_hash": self.tpl.contract_hash,
+                "manifest_hash": self.tpl.manifest_hash,
+                "knobs": knobs,
+                "patches": patch_refs,
+                "sources": sources,
+                "status": status,
+                "detail": detail,
+                "exit_code": exit_code,
+                "step_time_s": step_time,
+                "peak_mem_mb": peak,
+                "device_s": wall,
+                "wall_s": wall,
+                "receipts_hash": receipts_hash,
+                "evidence_hash": evidence_hash,
+                "stderr_tail": stderr,
+                "verdicts": verdicts,
+                "rule_version": (rule_version or self.tpl.rule_version) if verdicts is not None else None,
+                "baseline_id": baseline_id,
+            },
+            blobs=blobs,
+        )
         if plant:
             self.planted[plant].append(row)
         self.written += 1
@@ -475,45 +548,95 @@ class Builder:
         version = OLD_RULE_VERSION if self.rng.random() < self.old_fraction else None
         scales = None
         for _ in range(50):  # honest batches show their (real) speedup; resample the rare miss
-            scales = {"B": [self.rng.uniform(0.9, 1.1) for _ in range(pairs)],
-                      "A": [self.rng.uniform(0.9, 1.1) for _ in range(pairs)]}
+            scales = {
+                "B": [self.rng.uniform(0.9, 1.1) for _ in range(pairs)],
+                "A": [self.rng.uniform(0.9, 1.1) for _ in range(pairs)],
+            }
             bases = [self.tpl.baselines[i % len(self.tpl.baselines)] for i in range(pairs)]
             base_t = [b.step_time_s * s for b, s in zip(bases, scales["B"])]
             cand_t = [self.tpl.candidate.step_time_s * self.tpl.cand_factor * s for s in scales["A"]]
             if pairs == 0 or check_speedup(base_t, cand_t, self.tpl.min_speedup, pairs)[0].passed:
                 break
-        self._append("verify", batch, 0, "ok", knobs=knobs, patches=[patch], run=self.tpl.candidate,
-                     factor=self.tpl.cand_factor, verdicts=self._pre_verdicts() + self.tpl.run_verdicts,
-                     baseline_id=self.baseline_id, rule_version=version)
+        self._append(
+            "verify",
+            batch,
+            0,
+            "ok",
+            knobs=knobs,
+            patches=[patch],
+            run=self.tpl.candidate,
+            factor=self.tpl.cand_factor,
+            verdicts=self._pre_verdicts() + self.tpl.run_verdicts,
+            baseline_id=self.baseline_id,
+            rule_version=version,
+        )
         index = {"B": 0, "A": 0}
         for seq, role in enumerate(ab_order(pairs), start=1):
             i = index[role]
             index[role] += 1
             if role == "B":
-                self._append("ab-baseline", batch, seq, "ok", knobs=self._knobs(True),
-                             run=self.tpl.baselines[i % len(self.tpl.baselines)], step_scale=scales["B"][i],
-                             verdicts=self.tpl.run_verdicts, baseline_id=self.baseline_id, rule_version=version)
+                self._append(
+                    "ab-baseline",
+                    batch,
+                    seq,
+                    "ok",
+                    knobs=self._knobs(True),
+                    run=self.tpl.baselines[i % len(self.tpl.baselines)],
+                    step_scale=scales["B"][i],
+                    verdicts=self.tpl.run_verdicts,
+                    baseline_id=self.baseline_id,
+                    rule_version=version,
+                )
             else:
-                self._append("ab-candidate", batch, seq, "ok", knobs=knobs, patches=[patch],
-                             run=self.tpl.candidate, factor=self.tpl.cand_factor, step_scale=scales["A"][i],
-                             verdicts=self.tpl.run_verdicts, baseline_id=self.baseline_id, rule_version=version)
+                self._append(
+                    "ab-candidate",
+                    batch,
+                    seq,
+                    "ok",
+                    knobs=knobs,
+                    patches=[patch],
+                    run=self.tpl.candidate,
+                    factor=self.tpl.cand_factor,
+                    step_scale=scales["A"][i],
+                    verdicts=self.tpl.run_verdicts,
+                    baseline_id=self.baseline_id,
+                    rule_version=version,
+                )
 
     def verify_failed(self, status: str) -> None:
         """A verify whose candidate run ended oom / crash / timeout: nothing after it."""
         row_detail = {"oom": "out of memory", "crash": "crashed", "timeout": "timed out"}[status]
-        verdicts = self._pre_verdicts() + [{"id": "timing.window", "status": "fail",
-                                            "detail": f"the candidate run is {status}: {row_detail}"}]
-        self._append("verify", uuid.uuid4().hex, 0, status, knobs=self._knobs(), patches=[self._variant()],
-                     verdicts=verdicts, baseline_id=self.baseline_id)
+        verdicts = self._pre_verdicts() + [
+            {"id": "timing.window", "status": "fail", "detail": f"the candidate run is {status}: {row_detail}"}
+        ]
+        self._append(
+            "verify",
+            uuid.uuid4().hex,
+            0,
+            status,
+            knobs=self._knobs(),
+            patches=[self._variant()],
+            verdicts=verdicts,
+            baseline_id=self.baseline_id,
+        )
 
     def verify_rejected(self) -> None:
         """Rejected before running: a protected file differed from the manifest (not re-judged by audit)."""
         detail = "protected files differ from the manifest: data/corpus.txt"
         verdicts = [v for v in self._pre_verdicts() if v["id"] in SCOPE_IDS]
         verdicts.append({"id": "integrity.manifest", "status": "fail", "detail": detail})
-        self._append("verify", uuid.uuid4().hex, 0, "rejected", knobs=self._knobs(), patches=[self._variant()],
-                     verdicts=verdicts, detail=f"rejected before running: {detail}", exit_code=None,
-                     baseline_id=self.baseline_id)
+        self._append(
+            "verify",
+            uuid.uuid4().hex,
+            0,
+            "rejected",
+            knobs=self._knobs(),
+            patches=[self._variant()],
+            verdicts=verdicts,
+            detail=f"rejected before running: {detail}",
+            exit_code=None,
+            baseline_id=self.baseline_id,
+        )
 
     def run_row(self, status: str) -> None:
         """`infrarsi run`: knobs, perhaps the latest patch; no verdicts, no baseline_id (as run records it)."""
@@ -521,19 +644,29 @@ class Builder:
         if self.current_patch and self.rng.random() < 0.6:
             name, text = self.current_patch
             patches = [(name, text, "model.py", self.tpl.model_pre)]
-        run, factor = ((self.tpl.candidate, self.tpl.cand_factor) if patches
-                       else (self.rng.choice(self.tpl.baselines), 1.0))
-        self._append("run", uuid.uuid4().hex, 0, status, knobs=self._knobs(), patches=patches, run=run,
-                     factor=factor)
+        run, factor = (
+            (self.tpl.candidate, self.tpl.cand_factor) if patches else (self.rng.choice(self.tpl.baselines), 1.0)
+        )
+        self._append("run", uuid.uuid4().hex, 0, status, knobs=self._knobs(), patches=patches, run=run, factor=factor)
 
     def clock_patch(self) -> None:
         """Planted (c): a verify row whose patch reassigns time.monotonic_ns in train.py, stored as passing
         by an older rule version (a past win that today's rules must re-judge)."""
         patch = ("slow-clock", self.slow_clock, "train.py", self.tpl.train_pre)
-        self._append("verify", uuid.uuid4().hex, 0, "ok", knobs=self._knobs(), patches=[patch],
-                     run=self.tpl.candidate, factor=self.tpl.cand_factor,
-                     verdicts=self._pre_verdicts() + self.tpl.run_verdicts, baseline_id=self.baseline_id,
-                     plant="clock_patch", rule_version=OLD_RULE_VERSION)
+        self._append(
+            "verify",
+            uuid.uuid4().hex,
+            0,
+            "ok",
+            knobs=self._knobs(),
+            patches=[patch],
+            run=self.tpl.candidate,
+            factor=self.tpl.cand_factor,
+            verdicts=self._pre_verdicts() + self.tpl.run_verdicts,
+            baseline_id=self.baseline_id,
+            plant="clock_patch",
+            rule_version=OLD_RULE_VERSION,
+        )
 
     def build(self) -> None:
         rng = self.rng
@@ -583,8 +716,15 @@ def build_ledger(tpl: Template, root: Path, n: int, seed: int, progress, old_fra
         builder = Builder(tpl, ledger, n, random.Random(seed), progress, old_fraction)
         builder.build()
     build_s = time.perf_counter() - started
-    return Built(state / "ledger.db", key.public_hex, builder.written, builder.planted, builder.variants.count,
-                 builder.by_status, build_s)
+    return Built(
+        state / "ledger.db",
+        key.public_hex,
+        builder.written,
+        builder.planted,
+        builder.variants.count,
+        builder.by_status,
+        build_s,
+    )
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -674,12 +814,20 @@ def main(argv=None) -> int:
     ap.add_argument("--executions", type=int, required=True, metavar="N")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--keep", default=None, metavar="DIR", help="build in DIR and keep it (default: a temp dir)")
-    ap.add_argument("--template", default=None, metavar="DIR",
-                    help="the template workspace: built there if absent, reused if present")
+    ap.add_argument(
+        "--template",
+        default=None,
+        metavar="DIR",
+        help="the template workspace: built there if absent, reused if present",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--old-fraction", type=float, default=0.1,
-                    help="share of verify batches stored by an older rule version, re-judged from source "
-                         "(default 0.1); the planted audit cheats always are")
+    ap.add_argument(
+        "--old-fraction",
+        type=float,
+        default=0.1,
+        help="share of verify batches stored by an older rule version, re-judged from source "
+        "(default 0.1); the planted audit cheats always are",
+    )
     ap.add_argument("--rejudge-all", action="store_true", help="pass --rejudge-all to infrarsi audit")
     args = ap.parse_args(argv)
     if args.executions < 20:
@@ -701,16 +849,27 @@ def main(argv=None) -> int:
         self_check(tpl, tpl_ws)
         log(f"building {args.executions:,} executions in {root / 'ws' / '.infrarsi' / 'ledger.db'}")
         build_start = time.perf_counter()
-        built = build_ledger(tpl, root, args.executions, args.seed, None if args.json else progress,
-                             args.old_fraction)
+        built = build_ledger(tpl, root, args.executions, args.seed, None if args.json else progress, args.old_fraction)
         planted_ids = {i for ids in built.planted.values() for i in ids}
-        log(f"built in {built.build_s:.1f} s ({1000 * built.build_s / built.executions:.2f} ms/row); "
+        log(
+            f"built in {built.build_s:.1f} s ({1000 * built.build_s / built.executions:.2f} ms/row); "
             f"{built.patches} distinct patches; statuses {built.by_status}; "
-            f"planted {{{', '.join(f'{k}: {len(v)}' for k, v in built.planted.items())}}}")
+            f"planted {{{', '.join(f'{k}: {len(v)}' for k, v in built.planted.items())}}}"
+        )
         if args.keep:
-            (root / "bench.json").write_text(json.dumps(
-                {"ledger": str(built.path), "public_key": built.public_key, "executions": built.executions,
-                 "patches": built.patches, "by_status": built.by_status, "planted": built.planted}, indent=1))
+            (root / "bench.json").write_text(
+                json.dumps(
+                    {
+                        "ledger": str(built.path),
+                        "public_key": built.public_key,
+                        "executions": built.executions,
+                        "patches": built.patches,
+                        "by_status": built.by_status,
+                        "planted": built.planted,
+                    },
+                    indent=1,
+                )
+            )
 
         scan_s, scanned = raw_scan(built.path)
         log(f"raw scan: {scanned:,} rows in {scan_s:.2f} s")
@@ -722,18 +881,28 @@ def main(argv=None) -> int:
         findings = report.get("findings", [])
         found = {f["execution"] for f in findings}
         planted_found = len(planted_ids & found)
-        result = {"executions": built.executions, "audit_s": round(audit_s, 3), "scan_s": round(scan_s, 3),
-                  "peak_rss_mb": round(rss_mb, 1), "findings": len(findings), "planted": len(planted_ids),
-                  "planted_found": planted_found, "build_s": round(built.build_s, 3),
-                  "ratio": round(audit_s / scan_s, 2) if scan_s > 0 else None,
-                  "sources": report.get("sources"), "rejudge_all": args.rejudge_all}
+        result = {
+            "executions": built.executions,
+            "audit_s": round(audit_s, 3),
+            "scan_s": round(scan_s, 3),
+            "peak_rss_mb": round(rss_mb, 1),
+            "findings": len(findings),
+            "planted": len(planted_ids),
+            "planted_found": planted_found,
+            "build_s": round(built.build_s, 3),
+            "ratio": round(audit_s / scan_s, 2) if scan_s > 0 else None,
+            "sources": report.get("sources"),
+            "rejudge_all": args.rejudge_all,
+        }
         if args.json:
             print(json.dumps(result, sort_keys=True))
         else:
-            print(f"{built.executions:,} executions: audit {audit_s:.2f} s, raw scan {scan_s:.2f} s "
-                  f"(ratio {result['ratio']}x; goal <= 10), audit peak RSS {rss_mb:.0f} MB (goal < 1024), "
-                  f"{len(findings)} findings, planted {planted_found}/{len(planted_ids)} found, "
-                  f"build {built.build_s:.1f} s")
+            print(
+                f"{built.executions:,} executions: audit {audit_s:.2f} s, raw scan {scan_s:.2f} s "
+                f"(ratio {result['ratio']}x; goal <= 10), audit peak RSS {rss_mb:.0f} MB (goal < 1024), "
+                f"{len(findings)} findings, planted {planted_found}/{len(planted_ids)} found, "
+                f"build {built.build_s:.1f} s"
+            )
         ok = True
         honest = [f for f in findings if f["execution"] not in planted_ids]
         if honest:

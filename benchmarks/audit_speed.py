@@ -77,7 +77,7 @@ def helper_{i}(values, scale=1.0):
     return total / max(len(values), 1)
 '''
 
-LOOP = '''
+LOOP = """
 
 def get_batch(data, step, batch, seq_len):
     gen = torch.Generator().manual_seed(1000 + step)
@@ -116,7 +116,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def training_file(lines: int) -> str:
@@ -157,17 +157,25 @@ def main() -> None:
     diff = _time(cold_diff, args.repeats)
     audit_diff(text, patched, "train.py")
     warm = _time(lambda: audit_diff(text, patched, "train.py"), args.repeats)  # the search's case
-    result = {"lines": text.count("\n"), "audit_source_s": statistics.median(alone),
-              "audit_diff_s": statistics.median(diff), "audit_source_max_s": max(alone),
-              "audit_diff_max_s": max(diff), "audit_diff_same_baseline_s": statistics.median(warm), "findings": len(findings_alone) + len(findings_diff),
-              "goal_s": 1.0}
+    result = {
+        "lines": text.count("\n"),
+        "audit_source_s": statistics.median(alone),
+        "audit_diff_s": statistics.median(diff),
+        "audit_source_max_s": max(alone),
+        "audit_diff_max_s": max(diff),
+        "audit_diff_same_baseline_s": statistics.median(warm),
+        "findings": len(findings_alone) + len(findings_diff),
+        "goal_s": 1.0,
+    }
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        print(f"{result['lines']} lines: audit_source {result['audit_source_s']:.3f} s (max {max(alone):.3f}), "
-              f"audit_diff {result['audit_diff_s']:.3f} s (max {max(diff):.3f}), against an already-parsed "
-              f"baseline {result['audit_diff_same_baseline_s']:.3f} s; goal < 1 s per file; "
-              f"findings {result['findings']} (expected 0)")
+        print(
+            f"{result['lines']} lines: audit_source {result['audit_source_s']:.3f} s (max {max(alone):.3f}), "
+            f"audit_diff {result['audit_diff_s']:.3f} s (max {max(diff):.3f}), against an already-parsed "
+            f"baseline {result['audit_diff_same_baseline_s']:.3f} s; goal < 1 s per file; "
+            f"findings {result['findings']} (expected 0)"
+        )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     script = shutil.which("infrarsi") or str(Path(sys.executable).parent / "infrarsi")
-    report = {"python -c pass": median_wall([sys.executable, "-c", "pass"], args.runs),
-              "infrarsi --help": median_wall([script, "--help"], args.runs),
-              "infrarsi --version": median_wall([script, "--version"], args.runs)}
+    report = {
+        "python -c pass": median_wall([sys.executable, "-c", "pass"], args.runs),
+        "infrarsi --help": median_wall([script, "--help"], args.runs),
+        "infrarsi --version": median_wall([script, "--version"], args.runs),
+    }
     met = report["infrarsi --help"] < GOAL_S and report["infrarsi --version"] < GOAL_S
     if args.json:
         print(json.dumps({"median_s": report, "goal_s": GOAL_S, "met": met}))

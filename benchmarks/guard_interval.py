@@ -19,14 +19,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infrarsi._candidate import resolve_candidate
-from infrarsi._contract import load_contract
 from infrarsi._hashing import hash_protected
-from infrarsi._runner import LocalExecutor
+from infrarsi.contract._candidate import resolve_candidate
+from infrarsi.contract._contract import load_contract
+from infrarsi.runner._executor import LocalExecutor
 
 GOAL_MS = 20.0
 
-JOB = '''
+JOB = """
 import subprocess, sys, time
 from infrarsi import probe
 p = probe.from_env()
@@ -46,7 +46,7 @@ while time.monotonic() < end:
 for child in children + [spinner]:
     child.kill()
 p.close()
-'''
+"""
 
 
 def contract_in(folder: Path, seconds: float, children: int) -> Path:
@@ -86,23 +86,39 @@ def main(argv=None) -> int:
         for run in range(args.runs):
             result = executor.run(contract, pinned, resolve_candidate(contract, {}, []))
             guard = result.evidence["guard"]
-            rows.append({"status": result.status, "wall_s": round(result.wall_s, 2), "samples": guard["samples"],
-                         "mean_gap_ms": round(1000 * result.wall_s / max(guard["samples"], 1), 2),
-                         "max_gap_ms": guard["max_gap_ms"]})
+            rows.append(
+                {
+                    "status": result.status,
+                    "wall_s": round(result.wall_s, 2),
+                    "samples": guard["samples"],
+                    "mean_gap_ms": round(1000 * result.wall_s / max(guard["samples"], 1), 2),
+                    "max_gap_ms": guard["max_gap_ms"],
+                }
+            )
             if not args.json:
                 r = rows[-1]
-                print(f"run {run + 1}: {r['status']}, {r['samples']} samples in {r['wall_s']} s, "
-                      f"mean gap {r['mean_gap_ms']} ms, longest {r['max_gap_ms']} ms", flush=True)
+                print(
+                    f"run {run + 1}: {r['status']}, {r['samples']} samples in {r['wall_s']} s, "
+                    f"mean gap {r['mean_gap_ms']} ms, longest {r['max_gap_ms']} ms",
+                    flush=True,
+                )
     worst = max(r["max_gap_ms"] for r in rows)
     ok = all(r["status"] == "ok" for r in rows) and worst <= GOAL_MS
-    report = {"runs": rows, "processes_per_sample": args.children + 2, "worst_gap_ms": worst,
-              "median_mean_gap_ms": statistics.median(r["mean_gap_ms"] for r in rows), "goal_ms": GOAL_MS,
-              "met": ok}
+    report = {
+        "runs": rows,
+        "processes_per_sample": args.children + 2,
+        "worst_gap_ms": worst,
+        "median_mean_gap_ms": statistics.median(r["mean_gap_ms"] for r in rows),
+        "goal_ms": GOAL_MS,
+        "met": ok,
+    }
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"longest gap between two samples over {len(rows)} runs: {worst} ms (goal <= {GOAL_MS:g} ms): "
-              f"{'met' if ok else 'NOT met'}")
+        print(
+            f"longest gap between two samples over {len(rows)} runs: {worst} ms (goal <= {GOAL_MS:g} ms): "
+            f"{'met' if ok else 'NOT met'}"
+        )
     return 0 if ok else 1
 
 

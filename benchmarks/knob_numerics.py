@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 import infrarsi
-from infrarsi._contract import load_contract
-from infrarsi._workspace import init
+from infrarsi import init
+from infrarsi.contract._contract import load_contract
 from infrarsi.ledger import Ledger
 
 TINYGPT = Path(infrarsi.__file__).resolve().parents[1] / "examples" / "tinygpt"
-CLIFF = {"checkpoint": "off", "micro_batch": "16"}   # out of memory by design (see the contract)
+CLIFF = {"checkpoint": "off", "micro_batch": "16"}  # out of memory by design (see the contract)
 
 
 def pairwise_cover(choices: dict[str, list[str]], excluded: dict[str, str]) -> list[dict[str, str]]:
@@ -73,16 +73,26 @@ def judge(contract: Path, knobs: dict[str, str]) -> dict:
     with Ledger.open(contract.parent / ".infrarsi" / "ledger.db") as ledger:
         row = ledger.get_execution(outcome.executions[-1])
     checks = [c for c in outcome.checks if c.id != "stats.speedup"]
-    return {"knobs": knobs, "status": row["status"], "step_time_s": row.get("step_time_s"),
-            "peak_mem_mb": row.get("peak_mem_mb"), "wall_s": round(time.monotonic() - started, 1),
-            "passed": all(c.passed for c in checks),
-            "failing": [f"{c.id}: {c.detail}" for c in checks if not c.passed]}
+    return {
+        "knobs": knobs,
+        "status": row["status"],
+        "step_time_s": row.get("step_time_s"),
+        "peak_mem_mb": row.get("peak_mem_mb"),
+        "wall_s": round(time.monotonic() - started, 1),
+        "passed": all(c.passed for c in checks),
+        "failing": [f"{c.id}: {c.detail}" for c in checks if not c.passed],
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--without", action="append", default=[], metavar="KNOB",
-                    help="hold this knob at its baseline (e.g. compile, which compiles for a minute per run)")
+    ap.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="KNOB",
+        help="hold this knob at its baseline (e.g. compile, which compiles for a minute per run)",
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--measure", type=int, default=8)
     ap.add_argument("--json", action="store_true")
@@ -92,11 +102,15 @@ def main(argv=None) -> int:
         parsed = load_contract(contract)
         unknown = sorted(set(args.without) - set(parsed.knobs))
         if unknown:
-            print(f"--without {', '.join(unknown)}: not a knob of {contract.name} "
-                  f"(expected one of {', '.join(sorted(parsed.knobs))})", file=sys.stderr)
+            print(
+                f"--without {', '.join(unknown)}: not a knob of {contract.name} "
+                f"(expected one of {', '.join(sorted(parsed.knobs))})",
+                file=sys.stderr,
+            )
             return 2
-        choices = {name: ([k.baseline] if name in args.without else list(k.choices))
-                   for name, k in parsed.knobs.items()}
+        choices = {
+            name: ([k.baseline] if name in args.without else list(k.choices)) for name, k in parsed.knobs.items()
+        }
         init(contract)
         base = infrarsi.baseline(contract, runs=2)
         design = pairwise_cover(choices, CLIFF)
@@ -105,23 +119,39 @@ def main(argv=None) -> int:
             rows.append(judge(contract, knobs))
             if not args.json:
                 r = rows[-1]
-                print(f"[{index}/{len(design)}] {' '.join(f'{k}={v}' for k, v in sorted(knobs.items()))}: "
-                      f"{r['status']} {'PASS' if r['passed'] else 'FAIL'} "
-                      f"{(r['step_time_s'] or 0) * 1000:.0f} ms/step, {r['wall_s']} s"
-                      + "".join(f"\n    {f}" for f in r["failing"]), flush=True)
+                print(
+                    f"[{index}/{len(design)}] {' '.join(f'{k}={v}' for k, v in sorted(knobs.items()))}: "
+                    f"{r['status']} {'PASS' if r['passed'] else 'FAIL'} "
+                    f"{(r['step_time_s'] or 0) * 1000:.0f} ms/step, {r['wall_s']} s"
+                    + "".join(f"\n    {f}" for f in r["failing"]),
+                    flush=True,
+                )
         cliff = judge(contract, {**parsed.baseline_knobs(), **CLIFF})
-    covered = {((a, r["knobs"][a]), (b, r["knobs"][b])) for r in rows if r["passed"]
-               for a, b in itertools.combinations(sorted(r["knobs"]), 2)}
-    report = {"baseline_step_s": base.step_time_s.get("median"), "baseline_peak_mb": base.peak_mem_mb,
-              "design": len(design), "passed": sum(r["passed"] for r in rows), "pairs_covered": len(covered),
-              "rows": rows, "cliff": cliff, "held_at_baseline": sorted(args.without)}
+    covered = {
+        ((a, r["knobs"][a]), (b, r["knobs"][b]))
+        for r in rows
+        if r["passed"]
+        for a, b in itertools.combinations(sorted(r["knobs"]), 2)
+    }
+    report = {
+        "baseline_step_s": base.step_time_s.get("median"),
+        "baseline_peak_mb": base.peak_mem_mb,
+        "design": len(design),
+        "passed": sum(r["passed"] for r in rows),
+        "pairs_covered": len(covered),
+        "rows": rows,
+        "cliff": cliff,
+        "held_at_baseline": sorted(args.without),
+    }
     ok = report["passed"] == len(rows) and cliff["status"] == "oom"
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(f"{report['passed']}/{len(rows)} combinations pass every correctness check; "
-              f"{len(covered)} knob-value pairs covered; the cliff "
-              f"({', '.join(f'{k}={v}' for k, v in CLIFF.items())}) ended {cliff['status']}")
+        print(
+            f"{report['passed']}/{len(rows)} combinations pass every correctness check; "
+            f"{len(covered)} knob-value pairs covered; the cliff "
+            f"({', '.join(f'{k}={v}' for k, v in CLIFF.items())}) ended {cliff['status']}"
+        )
     return 0 if ok else 1
 
 

@@ -23,15 +23,13 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import subprocess
+import tempfile
 import time
 
 import torch
 
 from infrarsi.probe import NullProbe, Probe
-
-
 
 
 def make_job():

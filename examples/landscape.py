@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["Landscape", "make_workspace", "dense", "moe", "OVERHEAD_MB"]
 
-OVERHEAD_MB = 20.0   # the interpreter and the probe, on top of what the job allocates
+OVERHEAD_MB = 20.0  # the interpreter and the probe, on top of what the job allocates
 
 JOB = '''\
 """A synthetic training job: its step time and memory come from landscape.json."""
@@ -89,7 +89,7 @@ class Landscape:
     patch may turn on beyond the declared patches (for proposers that write their own)."""
 
     name: str
-    knobs: dict[str, tuple[list[str], str]]      # name -> (choices, baseline)
+    knobs: dict[str, tuple[list[str], str]]  # name -> (choices, baseline)
     patches: list[str]
     base_ms: float
     base_mb: float
@@ -106,8 +106,7 @@ class Landscape:
         # Put the limit in the widest gap between the points' memory near the intended limit,
         # so no point sits within the interpreter's few MB of it: fits-or-not is never a coin toss.
         totals = sorted({round(self.memory_mb(k, p) + OVERHEAD_MB, 3) for k, p in self.points()})
-        gaps = [(b - a, (a + b) / 2) for a, b in zip(totals, totals[1:])
-                if abs((a + b) / 2 - self.limit_mb) <= 25]
+        gaps = [(b - a, (a + b) / 2) for a, b in zip(totals, totals[1:]) if abs((a + b) / 2 - self.limit_mb) <= 25]
         if gaps:
             self.limit_mb = round(max(gaps)[1], 1)
 
@@ -135,8 +134,9 @@ class Landscape:
 
     def feasible(self, knobs: dict, patches) -> bool:
         atoms = self.atoms(knobs, patches)
-        return (self.memory_mb(knobs, patches) + OVERHEAD_MB < self.limit_mb
-                and not any(self._applies(k, atoms) for k in self.crash))
+        return self.memory_mb(knobs, patches) + OVERHEAD_MB < self.limit_mb and not any(
+            self._applies(k, atoms) for k in self.crash
+        )
 
     def optimum(self) -> float:
         """The best speedup over the baseline any feasible point reaches (exhaustive)."""
@@ -146,8 +146,15 @@ class Landscape:
         return self.base_ms / self.step_ms(knobs, patches) if self.feasible(knobs, patches) else 0.0
 
 
-def make_workspace(folder: str | Path, land: Landscape, ab_pairs: int = 3, min_speedup: float = 1.02,
-                   starts: int = 4, proposers: tuple[str, ...] = ("contract",), extra_search: str = "") -> Path:
+def make_workspace(
+    folder: str | Path,
+    land: Landscape,
+    ab_pairs: int = 3,
+    min_speedup: float = 1.02,
+    starts: int = 4,
+    proposers: tuple[str, ...] = ("contract",),
+    extra_search: str = "",
+) -> Path:
     """Write the landscape's workspace (job, switches, patches, contract) into ``folder``."""
     root = Path(folder)
     (root / "data").mkdir(parents=True, exist_ok=True)
@@ -157,15 +164,29 @@ def make_workspace(folder: str | Path, land: Landscape, ab_pairs: int = 3, min_s
     knobs = {}
     for i, (name, (choices, base)) in enumerate(sorted(land.knobs.items())):
         knobs[name] = {"baseline": base, **({"flag": f"--{name}"} if i % 2 == 0 else {"env": f"LAND_{name.upper()}"})}
-    (root / "data" / "landscape.json").write_text(json.dumps(
-        {"knobs": knobs, "patches": land.patches, "base_ms": land.base_ms, "base_mb": land.base_mb,
-         "time": land.time, "memory": land.memory, "crash": land.crash, "loss": land.loss,
-         "noise": land.noise}, indent=1))
-    lines = [f'[task]\nname = "{land.name}"\ncommand = ["python", "train.py"]\ntimeout_s = 60\n',
-             '[scope]\neditable = ["switches/*.py"]\nprotected = ["data/**", "train.py"]\n',
-             "[timing]\nwarmup_steps = 1\nmeasure_steps = 4\n",
-             '[numerics]\nrequire = ["loss", "grad_norm"]\n',
-             f"[resources]\nmemory_limit_mb = {land.limit_mb}\npeak_tflops = 0.1\n"]
+    (root / "data" / "landscape.json").write_text(
+        json.dumps(
+            {
+                "knobs": knobs,
+                "patches": land.patches,
+                "base_ms": land.base_ms,
+                "base_mb": land.base_mb,
+                "time": land.time,
+                "memory": land.memory,
+                "crash": land.crash,
+                "loss": land.loss,
+                "noise": land.noise,
+            },
+            indent=1,
+        )
+    )
+    lines = [
+        f'[task]\nname = "{land.name}"\ncommand = ["python", "train.py"]\ntimeout_s = 60\n',
+        '[scope]\neditable = ["switches/*.py"]\nprotected = ["data/**", "train.py"]\n',
+        "[timing]\nwarmup_steps = 1\nmeasure_steps = 4\n",
+        '[numerics]\nrequire = ["loss", "grad_norm"]\n',
+        f"[resources]\nmemory_limit_mb = {land.limit_mb}\npeak_tflops = 0.1\n",
+    ]
     for name, spec in knobs.items():
         choices = ", ".join(f'"{c}"' for c in land.knobs[name][0])
         how = f'flag = "{spec["flag"]}"' if "flag" in spec else f'env = "{spec["env"]}"'
@@ -174,18 +195,22 @@ def make_workspace(folder: str | Path, land: Landscape, ab_pairs: int = 3, min_s
         (root / "switches" / f"{switch}.py").write_text("ON = False\n")
     for patch in land.patches:
         (root / "switches" / f"{patch}.py").write_text("ON = False\n")
-        (root / "patches" / f"{patch}.diff").write_text(textwrap.dedent(f"""\
+        (root / "patches" / f"{patch}.diff").write_text(
+            textwrap.dedent(f"""\
             diff --git a/switches/{patch}.py b/switches/{patch}.py
             --- a/switches/{patch}.py
             +++ b/switches/{patch}.py
             @@ -1 +1 @@
             -ON = False
             +ON = True
-            """))
+            """)
+        )
         lines.append(f'[[patches]]\nname = "{patch}"\nfile = "patches/{patch}.diff"\n')
     wanted = ", ".join(f'"{p}"' for p in proposers)
-    lines.append(f"[search]\nbudget_executions = {land.budget}\nstarts = {starts}\npromote_top = 1\n"
-                 f"ab_pairs = {ab_pairs}\nmin_speedup = {min_speedup}\nproposers = [{wanted}]\n{extra_search}")
+    lines.append(
+        f"[search]\nbudget_executions = {land.budget}\nstarts = {starts}\npromote_top = 1\n"
+        f"ab_pairs = {ab_pairs}\nmin_speedup = {min_speedup}\nproposers = [{wanted}]\n{extra_search}"
+    )
     (root / "infrarsi.toml").write_text("\n".join(lines))
     return root
 
@@ -194,32 +219,82 @@ def dense(noise: float = 0.02) -> Landscape:
     """Shaped like a dense transformer: recomputation off is the big win but needs a smaller
     micro-batch to fit; compile and a fused-attention patch stack; compile crashes with one kernel."""
     return Landscape(
-        name="sim-dense", patches=["fused-attn", "fused-qkv", "cached-mask"],
-        knobs={"checkpoint": (["on", "off"], "on"), "micro_batch": (["4", "8", "16"], "16"),
-               "compile": (["0", "1"], "0"), "kernel": (["eager", "flash", "triton"], "eager"),
-               "threads": (["1", "2"], "1")},
-        base_ms=24.0, base_mb=90.0, limit_mb=160.0, noise=noise,
-        time={"checkpoint=off": 0.70, "micro_batch=8": 1.06, "micro_batch=4": 1.18, "compile=1": 0.85,
-              "kernel=flash": 0.88, "kernel=triton": 0.93, "threads=2": 0.95, "+fused-attn": 0.90,
-              "+fused-qkv": 0.96, "+cached-mask": 0.98, "compile=1&+fused-attn": 0.85,
-              "kernel=flash&+fused-attn": 1.08, "compile=1&kernel=flash": 0.92},
-        memory={"checkpoint=off": 80.0, "micro_batch=8": -40.0, "micro_batch=4": -60.0, "compile=1": 10.0,
-                "kernel=flash": -10.0, "+fused-attn": -10.0},
-        crash=["compile=1&kernel=triton"])
+        name="sim-dense",
+        patches=["fused-attn", "fused-qkv", "cached-mask"],
+        knobs={
+            "checkpoint": (["on", "off"], "on"),
+            "micro_batch": (["4", "8", "16"], "16"),
+            "compile": (["0", "1"], "0"),
+            "kernel": (["eager", "flash", "triton"], "eager"),
+            "threads": (["1", "2"], "1"),
+        },
+        base_ms=24.0,
+        base_mb=90.0,
+        limit_mb=160.0,
+        noise=noise,
+        time={
+            "checkpoint=off": 0.70,
+            "micro_batch=8": 1.06,
+            "micro_batch=4": 1.18,
+            "compile=1": 0.85,
+            "kernel=flash": 0.88,
+            "kernel=triton": 0.93,
+            "threads=2": 0.95,
+            "+fused-attn": 0.90,
+            "+fused-qkv": 0.96,
+            "+cached-mask": 0.98,
+            "compile=1&+fused-attn": 0.85,
+            "kernel=flash&+fused-attn": 1.08,
+            "compile=1&kernel=flash": 0.92,
+        },
+        memory={
+            "checkpoint=off": 80.0,
+            "micro_batch=8": -40.0,
+            "micro_batch=4": -60.0,
+            "compile=1": 10.0,
+            "kernel=flash": -10.0,
+            "+fused-attn": -10.0,
+        },
+        crash=["compile=1&kernel=triton"],
+    )
 
 
 def moe(noise: float = 0.02) -> Landscape:
     """Shaped like a mixture-of-experts model: a sorted-dispatch patch only pays with grouped GEMM,
     expert parallel capacity needs memory, and a kernel crashes with one dispatch patch."""
     return Landscape(
-        name="sim-moe", patches=["sorted-dispatch", "fused-router", "cached-mask"],
-        knobs={"checkpoint": (["on", "off"], "on"), "capacity": (["1.0", "1.25", "2.0"], "1.25"),
-               "grouped_gemm": (["0", "1"], "0"), "micro_batch": (["4", "8"], "8"),
-               "compile": (["0", "1"], "0")},
-        base_ms=30.0, base_mb=100.0, limit_mb=170.0, noise=noise,
-        time={"checkpoint=off": 0.72, "capacity=1.0": 0.92, "capacity=2.0": 1.15, "grouped_gemm=1": 0.97,
-              "+sorted-dispatch": 1.02, "grouped_gemm=1&+sorted-dispatch": 0.70, "+fused-router": 0.95,
-              "compile=1": 0.9, "micro_batch=4": 1.1, "+cached-mask": 0.98},
-        memory={"checkpoint=off": 80.0, "capacity=1.0": -10.0, "capacity=2.0": 20.0, "micro_batch=4": -50.0,
-                "+sorted-dispatch": 10.0, "compile=1": 10.0},
-        crash=["compile=1&+fused-router"])
+        name="sim-moe",
+        patches=["sorted-dispatch", "fused-router", "cached-mask"],
+        knobs={
+            "checkpoint": (["on", "off"], "on"),
+            "capacity": (["1.0", "1.25", "2.0"], "1.25"),
+            "grouped_gemm": (["0", "1"], "0"),
+            "micro_batch": (["4", "8"], "8"),
+            "compile": (["0", "1"], "0"),
+        },
+        base_ms=30.0,
+        base_mb=100.0,
+        limit_mb=170.0,
+        noise=noise,
+        time={
+            "checkpoint=off": 0.72,
+            "capacity=1.0": 0.92,
+            "capacity=2.0": 1.15,
+            "grouped_gemm=1": 0.97,
+            "+sorted-dispatch": 1.02,
+            "grouped_gemm=1&+sorted-dispatch": 0.70,
+            "+fused-router": 0.95,
+            "compile=1": 0.9,
+            "micro_batch=4": 1.1,
+            "+cached-mask": 0.98,
+        },
+        memory={
+            "checkpoint=off": 80.0,
+            "capacity=1.0": -10.0,
+            "capacity=2.0": 20.0,
+            "micro_batch=4": -50.0,
+            "+sorted-dispatch": 10.0,
+            "compile=1": 10.0,
+        },
+        crash=["compile=1&+fused-router"],
+    )

@@ -20,17 +20,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._candidate import PatchRef, UsageError, changes_from
 from infrarsi._hashing import RECEIPTS_DIR, hash_protected
-from infrarsi._patch import PatchParseError, parse_patch
+from infrarsi._patch import parse_patch
 from infrarsi._workspace import open_workspace
-from infrarsi.ledger import sha256_hex
+from infrarsi.contract import PatchRef, changes_from, launch_settings
+from infrarsi.errors import ApplyRefused, PatchParseError, UsageError
+from infrarsi.signing import sha256_hex
 
-__all__ = ["apply", "ApplyOutcome", "ApplyRefused", "RECEIPTS_DIR", "launch_command", "receipt_bundle"]
-
-
-class ApplyRefused(Exception):
-    """The receipt or the workspace does not allow the candidate to be applied (exit 1)."""
+__all__ = ["apply", "ApplyOutcome", "RECEIPTS_DIR", "launch_command", "receipt_bundle"]
 
 
 @dataclass(frozen=True)
@@ -45,23 +42,27 @@ class ApplyOutcome:
     commit: str | None = None
     patch_file: str | None = None
     bundle: str | None = None
-    apply_command: str | None = None   # how to apply the patch file (paths are workspace-relative)
+    apply_command: str | None = None  # how to apply the patch file (paths are workspace-relative)
 
     def to_json(self) -> dict:
-        return {"receipt": self.receipt, "speedup": self.speedup, "knobs": self.knobs, "patches": self.patches,
-                "changes": self.changes, "launch": self.launch, "branch": self.branch, "commit": self.commit,
-                "patch_file": self.patch_file, "bundle": self.bundle, "apply_command": self.apply_command}
+        return {
+            "receipt": self.receipt,
+            "speedup": self.speedup,
+            "knobs": self.knobs,
+            "patches": self.patches,
+            "changes": self.changes,
+            "launch": self.launch,
+            "branch": self.branch,
+            "commit": self.commit,
+            "patch_file": self.patch_file,
+            "bundle": self.bundle,
+            "apply_command": self.apply_command,
+        }
 
 
 def launch_command(contract, knobs: dict[str, str]) -> dict:
     """The contract's command with these knob settings: ``{argv, env, shell}`` (flags appended, env set)."""
-    argv, env = list(contract.task.command), {}
-    for name, value in sorted(knobs.items()):
-        knob = contract.knobs[name]
-        if knob.flag:
-            argv += [knob.flag, value]
-        else:
-            env[knob.env] = value
+    argv, env = launch_settings(contract, dict(sorted(knobs.items())))
     shell = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
     return {"argv": argv, "env": env, "shell": shell}
 
@@ -73,8 +74,12 @@ def receipt_bundle(raw: bytes, patches: list[PatchRef]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = None, branch: str | None = None,
-          patch_file: str | Path | None = None) -> ApplyOutcome:
+def apply(
+    contract_path: str | Path = "infrarsi.toml",
+    receipt: str | None = None,
+    branch: str | None = None,
+    patch_file: str | Path | None = None,
+) -> ApplyOutcome:
     """Apply the receipt ``receipt`` (an id, a unique id prefix or a receipt file; default: the best one).
 
     With ``branch``, or by default in a git work tree: a branch (default ``infrarsi/<id>``)
@@ -97,14 +102,19 @@ def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = Non
         rid = check.receipt_id
         if body.get("contract_sha256") != contract.sha256:
             raise ApplyRefused(f"receipt {rid}: measured under another contract than {contract.path.name} now")
-        manifest = check_manifest(ws.manifest.body, ws.manifest.signature, contract.sha256, ws.ledger.public_key,
-                                  manifest_files(ws))
+        manifest = check_manifest(
+            ws.manifest.body, ws.manifest.signature, contract.sha256, ws.ledger.public_key, manifest_files(ws)
+        )
         if not manifest.passed:
-            raise ApplyRefused(f"{contract.workspace}: {manifest.detail} (`infrarsi init` pinned them); "
-                               "restore them, or `init --force` and measure again")
+            raise ApplyRefused(
+                f"{contract.workspace}: {manifest.detail} (`infrarsi init` pinned them); "
+                "restore them, or `init --force` and measure again"
+            )
         if "protected_files" in body and body["protected_files"] != manifest_files(ws):
-            raise ApplyRefused(f"receipt {rid}: measured with other protected files than the workspace has now; "
-                               "verify the candidate again")
+            raise ApplyRefused(
+                f"receipt {rid}: measured with other protected files than the workspace has now; "
+                "verify the candidate again"
+            )
         patches = _patch_texts(ws.ledger, body, rid)
         _same_sources(contract.workspace, body, ws.ledger, rid)
         knobs = dict(body.get("knobs") or {})
@@ -114,8 +124,14 @@ def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = Non
         base = contract.baseline_knobs()
         changes = changes_from(base, knobs, [p.name for p in patches])
         launch = launch_command(contract, knobs)
-        common = {"receipt": rid, "speedup": body["speedup"], "knobs": knobs, "changes": changes,
-                  "patches": [p.name for p in patches], "launch": launch}
+        common = {
+            "receipt": rid,
+            "speedup": body["speedup"],
+            "knobs": knobs,
+            "changes": changes,
+            "patches": [p.name for p in patches],
+            "launch": launch,
+        }
         from infrarsi._git import toplevel
 
         top = toplevel(contract.workspace)
@@ -126,12 +142,17 @@ def apply(contract_path: str | Path = "infrarsi.toml", receipt: str | None = Non
             # Inside a repository, `git apply` reads paths from the top and silently skips the
             # ones outside the current folder: name the folder the paths are relative to.
             rel = ws_dir.relative_to(top).as_posix() if top is not None else "."
-            command = (f"git -C {shlex.quote(str(top))} apply --directory={shlex.quote(rel)} {shlex.quote(str(target))}"
-                       if rel != "." else f"git -C {shlex.quote(str(ws_dir))} apply {shlex.quote(str(target))}")
+            command = (
+                f"git -C {shlex.quote(str(top))} apply --directory={shlex.quote(rel)} {shlex.quote(str(target))}"
+                if rel != "."
+                else f"git -C {shlex.quote(str(ws_dir))} apply {shlex.quote(str(target))}"
+            )
             return ApplyOutcome(**common, patch_file=str(target), apply_command=command)
         if top is None:
-            raise UsageError(f"{contract.workspace}: not in a git work tree, so no branch can be made; "
-                             "use --patch-file FILE (or `git init` and commit the workspace first)")
+            raise UsageError(
+                f"{contract.workspace}: not in a git work tree, so no branch can be made; "
+                "use --patch-file FILE (or `git init` and commit the workspace first)"
+            )
         name = branch or f"infrarsi/{rid}"
         commit, bundle = _branch(top, contract, name, patches, raw, body, changes, launch)
         return ApplyOutcome(**common, branch=name, commit=commit, bundle=bundle)
@@ -154,15 +175,19 @@ def _pick(receipts: dict[str, bytes], wanted: str | None, trusted: str) -> bytes
             if check.ok and check.speedup:
                 valid.append((check.speedup.get("median") or 0.0, data))
         if not valid:
-            raise UsageError("no verified receipt in this ledger: run `infrarsi search` or `infrarsi verify` first "
-                             "(or name a receipt)")
+            raise UsageError(
+                "no verified receipt in this ledger: run `infrarsi search` or `infrarsi verify` first "
+                "(or name a receipt)"
+            )
         return max(valid, key=lambda v: v[0])[1]
     matches = [rid for rid in receipts if rid.startswith(wanted)] if len(wanted) >= 4 else []
     if len(matches) != 1:
         known = ", ".join(sorted(receipts)) or "none"
         why = "matches several" if matches else "matches none"
-        raise UsageError(f"receipt {wanted!r}: {why} of this ledger's receipts (expected an id or a unique prefix "
-                         f"of at least 4 characters, or a receipt .json file; known: {known})")
+        raise UsageError(
+            f"receipt {wanted!r}: {why} of this ledger's receipts (expected an id or a unique prefix "
+            f"of at least 4 characters, or a receipt .json file; known: {known})"
+        )
     return receipts[matches[0]]
 
 
@@ -189,8 +214,10 @@ def _same_sources(workspace: Path, body: dict, ledger, rid: str) -> None:
         path = workspace / rel
         now = sha256_hex(path.read_bytes()) if path.is_file() else None
         if now != digest:
-            raise ApplyRefused(f"receipt {rid}: {rel} changed since the receipt measured the patch on it; "
-                               "verify the candidate again on the code as it is now")
+            raise ApplyRefused(
+                f"receipt {rid}: {rel} changed since the receipt measured the patch on it; "
+                "verify the candidate again on the code as it is now"
+            )
 
 
 def _write_patch(target: Path, patches: list[PatchRef]) -> Path:
@@ -217,8 +244,9 @@ def _touched(patches: list[PatchRef]) -> tuple[list[str], list[str]]:
     return sorted(existing), sorted(created - existing)
 
 
-def _branch(top: Path, contract, name: str, patches: list[PatchRef], raw: bytes, body: dict, changes: list[str],
-            launch: dict) -> tuple[str, str]:
+def _branch(
+    top: Path, contract, name: str, patches: list[PatchRef], raw: bytes, body: dict, changes: list[str], launch: dict
+) -> tuple[str, str]:
     from infrarsi._git import git, worktree
 
     ws = contract.workspace.resolve()
@@ -238,27 +266,37 @@ def _branch(top: Path, contract, name: str, patches: list[PatchRef], raw: bytes,
     dirty = {line[3:] for line in status.decode("utf-8", "surrogateescape").splitlines() if line.strip()}
     dirty |= {p for p in watched if git(["ls-files", "--error-unmatch", "--", p], cwd=ws, check=False).returncode}
     if dirty:
-        raise UsageError(f"{ws}: {', '.join(sorted(dirty)[:6])} differ from HEAD (uncommitted or untracked); the "
-                         "branch starts at HEAD, so commit or stash them first")
-    present = [p for p in created
-               if git(["cat-file", "-e", f"HEAD:{_repo(rel, p)}"], cwd=top, check=False).returncode == 0]
+        raise UsageError(
+            f"{ws}: {', '.join(sorted(dirty)[:6])} differ from HEAD (uncommitted or untracked); the "
+            "branch starts at HEAD, so commit or stash them first"
+        )
+    present = [
+        p for p in created if git(["cat-file", "-e", f"HEAD:{_repo(rel, p)}"], cwd=top, check=False).returncode == 0
+    ]
     if present:
         raise UsageError(f"{ws}: the candidate creates {', '.join(present[:6])}, which HEAD already has")
     rid = json.loads(raw)["id"]
     speedup = body["speedup"]
-    message = (f"infrarsi: apply receipt {rid}: {speedup['median']:.3f}x "
-               f"(95% CI {speedup['ci_low']:.3f}-{speedup['ci_high']:.3f})\n\n"
-               f"Changes: {', '.join(changes) or 'none'}\n"
-               f"Launch: {launch['shell']}\n\n"
-               f"InfraRSI-Receipt: {rid}\n"
-               f"InfraRSI-Speedup: {speedup['median']:.4f}\n")
+    message = (
+        f"infrarsi: apply receipt {rid}: {speedup['median']:.3f}x "
+        f"(95% CI {speedup['ci_low']:.3f}-{speedup['ci_high']:.3f})\n\n"
+        f"Changes: {', '.join(changes) or 'none'}\n"
+        f"Launch: {launch['shell']}\n\n"
+        f"InfraRSI-Receipt: {rid}\n"
+        f"InfraRSI-Speedup: {speedup['median']:.4f}\n"
+    )
     # The user's own identity where git has one; a named stand-in where it has none (a fresh CI box).
-    identity = [] if git(["config", "user.email"], cwd=top, check=False).returncode == 0 else [
-        "-c", "user.name=InfraRSI", "-c", "user.email=infrarsi@localhost"]
+    identity = (
+        []
+        if git(["config", "user.email"], cwd=top, check=False).returncode == 0
+        else ["-c", "user.name=InfraRSI", "-c", "user.email=infrarsi@localhost"]
+    )
     bundle_rel = f"{RECEIPTS_DIR}/{rid}.json"
     try:
-        with tempfile.TemporaryDirectory(prefix="infrarsi-apply-") as tmp, \
-                worktree(top, "HEAD", Path(tmp) / "tree", branch=name) as tree:
+        with (
+            tempfile.TemporaryDirectory(prefix="infrarsi-apply-") as tmp,
+            worktree(top, "HEAD", Path(tmp) / "tree", branch=name) as tree,
+        ):
             where = tree / rel if rel != "." else tree
             for p in patches:
                 prefix = [f"--directory={rel}"] if rel != "." else []

@@ -4,44 +4,45 @@ from __future__ import annotations
 
 import statistics
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
 
-from infrarsi._candidate import Candidate
-from infrarsi._receipts import parse_receipts
-from infrarsi._runner import ExecutionResult
 from infrarsi._workspace import open_workspace
+from infrarsi.contract import Candidate
+from infrarsi.errors import BaselineFailed
+from infrarsi.runner import ExecutionResult, parse_receipts
 from infrarsi.verifiers import compare_param_grads, steps_from_lines
 
-__all__ = ["BaselineSummary", "BaselineFailed", "baseline", "summarise"]
-
-
-class BaselineFailed(Exception):
-    """A baseline run did not finish with a complete measured window: nothing to compare against."""
+__all__ = ["BaselineSummary", "baseline", "summarise"]
 
 
 @dataclass(frozen=True)
 class BaselineSummary:
     runs: int
     executions: list[int]
-    step_time_s: dict          # median, cv, mad over the runs' median step times
+    step_time_s: dict  # median, cv, mad over the runs' median step times
     within_run_cv: float | None  # noise inside one run's measured window (median over runs)
     tokens_per_step: int | None
     tokens_per_s: float | None
     peak_mem_mb: float | None
     mfu: float | None
     run_step_times_s: list[float]
-    reference: dict            # per-step loss / grad_norm trajectories (median over runs); from the
-                               # reference run: per-step param_grad_norms and ops, keyed by step ("3")
-    reference_spread: dict     # the largest relative spread of each trajectory across runs
+    reference: dict  # per-step loss / grad_norm trajectories (median over runs); from the
+    # reference run: per-step param_grad_norms and ops, keyed by step ("3")
+    reference_spread: dict  # the largest relative spread of each trajectory across runs
     knobs: dict
     reference_execution: int | None = None  # the run observed at every step (not timed)
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
-        return {"runs": self.runs, "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
-                "peak_mem_mb": self.peak_mem_mb, "mfu": self.mfu}
+        return {
+            "runs": self.runs,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "peak_mem_mb": self.peak_mem_mb,
+            "mfu": self.mfu,
+        }
 
     def as_record(self) -> dict:
         # step_clock: which clock the step times came from; a baseline stored before the runner's
@@ -66,15 +67,19 @@ def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[flo
     return merged, (spread if seen_any else None)
 
 
-def summarise(results: list[ExecutionResult], executions: list[int], warmup: int, measure: int,
-              peak_tflops: float) -> BaselineSummary:
+def summarise(
+    results: list[ExecutionResult], executions: list[int], warmup: int, measure: int, peak_tflops: float
+) -> BaselineSummary:
     """Statistics of successful baseline runs (pure: evidence in, summary out)."""
     receipt_sets = [parse_receipts(r.receipts.decode("utf-8", "replace").splitlines()) for r in results]
     medians = [r.step_time_s for r in results]
     center = statistics.median(medians)
     # Step-to-step noise from the runner's clock: the periods between step ends (evidence["timing"]).
-    within = [statistics.stdev(t) / statistics.fmean(t)
-              for t in ((r.evidence.get("timing") or {}).get("periods_s") for r in results) if t and len(t) >= 2]
+    within = [
+        statistics.stdev(t) / statistics.fmean(t)
+        for t in ((r.evidence.get("timing") or {}).get("periods_s") for r in results)
+        if t and len(t) >= 2
+    ]
     within_cv = statistics.median(within) if within else None
     # With one run, its own step-to-step noise is the best estimate there is.
     cv = statistics.stdev(medians) / statistics.fmean(medians) if len(medians) >= 2 else within_cv
@@ -83,19 +88,28 @@ def summarise(results: list[ExecutionResult], executions: list[int], warmup: int
     tokens_per_step = int(statistics.median(tokens)) if tokens and all(isinstance(t, int) for t in tokens) else None
     tokens_per_s = tokens_per_step / center if tokens_per_step and center > 0 else None
     flops = receipt_sets[0].declared().get("flops_per_token")
-    mfu = (float(flops) * tokens_per_s / (peak_tflops * 1e12)
-           if isinstance(flops, (int, float)) and tokens_per_s else None)
+    mfu = (
+        float(flops) * tokens_per_s / (peak_tflops * 1e12) if isinstance(flops, (int, float)) and tokens_per_s else None
+    )
     peaks = [r.peak_mem_mb for r in results if r.peak_mem_mb is not None]
     steps = warmup + measure
     reference, spread = {}, {}
     for key in ("loss", "grad_norm"):
         reference[key], spread[key] = _median_trajectory([rs.trajectory(key, steps) for rs in receipt_sets])
     return BaselineSummary(
-        runs=len(results), executions=executions,
-        step_time_s={"median": center, "cv": cv, "mad": mad}, within_run_cv=within_cv,
-        tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_s,
-        peak_mem_mb=max(peaks) if peaks else None, mfu=mfu, run_step_times_s=medians,
-        reference=reference, reference_spread=spread, knobs=dict(results[0].candidate.knobs))
+        runs=len(results),
+        executions=executions,
+        step_time_s={"median": center, "cv": cv, "mad": mad},
+        within_run_cv=within_cv,
+        tokens_per_step=tokens_per_step,
+        tokens_per_s=tokens_per_s,
+        peak_mem_mb=max(peaks) if peaks else None,
+        mfu=mfu,
+        run_step_times_s=medians,
+        reference=reference,
+        reference_spread=spread,
+        knobs=dict(results[0].candidate.knobs),
+    )
 
 
 def observed_reference(receipts: bytes) -> dict:
@@ -107,8 +121,11 @@ def observed_reference(receipts: bytes) -> dict:
     """
     found: dict[str, dict[str, object]] = {"param_grad_norms": {}, "param_grad_min_rows": {}, "ops": {}}
     for step in steps_from_lines(receipts.decode("utf-8", "replace").splitlines()):
-        for key, field, kind in (("param_grad_norms", "grads", dict), ("param_grad_min_rows", "grad_min_rows", dict),
-                                 ("ops", "ops", list)):
+        for key, field, kind in (
+            ("param_grad_norms", "grads", dict),
+            ("param_grad_min_rows", "grad_min_rows", dict),
+            ("ops", "ops", list),
+        ):
             if isinstance(step.get(field), kind):
                 found[key].setdefault(str(step.step), step.get(field))
     return found
@@ -127,8 +144,11 @@ def _sampled_spread(results: list[ExecutionResult], reference: dict) -> float | 
     return worst
 
 
-def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
-             progress: Callable[[int, int, ExecutionResult], None] | None = None) -> BaselineSummary:
+def baseline(
+    contract_path: str | Path = "infrarsi.toml",
+    runs: int = 5,
+    progress: Callable[[int, int, ExecutionResult], None] | None = None,
+) -> BaselineSummary:
     """Run the original setup ``runs`` times, then once observed at every step; record every run, store the summary.
 
     The extra run (kind "baseline" in the same batch, its id in ``reference_execution``, not in
@@ -136,7 +156,7 @@ def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
     the sampled steps of later runs are compared with. Jobs with ``log`` evidence have none.
     """
     if runs < 1:
-        from infrarsi._candidate import UsageError
+        from infrarsi.errors import UsageError
 
         raise UsageError(f"--runs {runs}: expected at least 1")
     with open_workspace(contract_path) as ws:
@@ -157,10 +177,12 @@ def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
                 raise BaselineFailed(
                     f"baseline run {seq + 1}/{runs} (execution {execution}) is {result.status}: "
                     f"{result.detail or 'no detail'}"
-                    + (f"\n--- stderr tail ---\n{result.stderr_tail[-1500:]}" if result.stderr_tail else ""))
+                    + (f"\n--- stderr tail ---\n{result.stderr_tail[-1500:]}" if result.stderr_tail else "")
+                )
         timing = ws.contract.timing
-        summary = summarise(results, executions, timing.warmup_steps, timing.measure_steps,
-                            ws.contract.resources.peak_tflops)
+        summary = summarise(
+            results, executions, timing.warmup_steps, timing.measure_steps, ws.contract.resources.peak_tflops
+        )
         if observed:
             # The original setup once more, observed at every step (its time is not a measurement).
             execution, result = ws.execute(candidate, kind="baseline", batch=batch, seq=runs, sample_all=True)
@@ -170,11 +192,18 @@ def baseline(contract_path: str | Path = "infrarsi.toml", runs: int = 5,
                 raise BaselineFailed(
                     f"the baseline's reference run (every step observed; execution {execution}) is "
                     f"{result.status}: {result.detail or 'no detail'}"
-                    + (f"\n--- stderr tail ---\n{result.stderr_tail[-1500:]}" if result.stderr_tail else ""))
+                    + (f"\n--- stderr tail ---\n{result.stderr_tail[-1500:]}" if result.stderr_tail else "")
+                )
             found = observed_reference(result.receipts)
-            spread = {**summary.reference_spread,
-                      "param_grad_norms": _sampled_spread(results, found["param_grad_norms"])}
-            summary = replace(summary, reference={**summary.reference, **found}, reference_spread=spread,
-                              reference_execution=execution)
+            spread = {
+                **summary.reference_spread,
+                "param_grad_norms": _sampled_spread(results, found["param_grad_norms"]),
+            }
+            summary = replace(
+                summary,
+                reference={**summary.reference, **found},
+                reference_spread=spread,
+                reference_execution=execution,
+            )
         ws.ledger.append_baseline(batch, summary.as_record())
     return summary

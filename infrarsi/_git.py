@@ -6,11 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["GitError", "git", "toplevel", "worktree"]
+from infrarsi.errors import GitError
 
-
-class GitError(Exception):
-    """A git command failed; the message has git's own words."""
+__all__ = ["git", "toplevel", "worktree"]
 
 
 def git(args: list[str], cwd: Path, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -8,14 +8,21 @@ import os
 import re
 from pathlib import Path
 
-from infrarsi._globs import matches_any
+from infrarsi.contract import matches_any
 
-__all__ = ["file_sha256", "hash_protected", "hash_workspace", "hash_framework", "diff_hashes", "RECEIPTS_DIR",
-           "BUNDLE_PATH"]
+__all__ = [
+    "file_sha256",
+    "hash_protected",
+    "hash_workspace",
+    "hash_framework",
+    "diff_hashes",
+    "RECEIPTS_DIR",
+    "BUNDLE_PATH",
+]
 
 _SKIP_DIRS = {".infrarsi", ".git", "__pycache__"}
 
-RECEIPTS_DIR = "infrarsi-receipts"   # beside the contract, in the branch `infrarsi apply` writes
+RECEIPTS_DIR = "infrarsi-receipts"  # beside the contract, in the branch `infrarsi apply` writes
 # A receipt bundle as `apply` commits it (its id is the file name): evidence, not code.
 BUNDLE_PATH = re.compile(r"^infrarsi-receipts/[0-9a-f]{16}\.json$")
 
@@ -41,8 +48,11 @@ def _files(root: Path):
 
 def hash_protected(root: Path, globs) -> dict[str, str]:
     """``{relative path: sha256}`` of every file under ``root`` matched by ``globs``."""
-    return {p.relative_to(root).as_posix(): file_sha256(p)
-            for p in _files(root) if matches_any(p.relative_to(root).as_posix(), globs)}
+    return {
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in _files(root)
+        if matches_any(p.relative_to(root).as_posix(), globs)
+    }
 
 
 def hash_workspace(root: Path) -> dict[str, str]:

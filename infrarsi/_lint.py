@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._candidate import UsageError
+from infrarsi.errors import UsageError
 
 __all__ = ["LintReport", "lint"]
 
@@ -22,8 +22,13 @@ class LintReport:
         return not self.findings
 
     def to_json(self) -> dict:
-        return {"file": self.file, "against": self.against, "contract": self.contract,
-                "findings": [f.to_json() for f in self.findings], "clean": self.clean}
+        return {
+            "file": self.file,
+            "against": self.against,
+            "contract": self.contract,
+            "findings": [f.to_json() for f in self.findings],
+            "clean": self.clean,
+        }
 
 
 def _read(path: str, what: str) -> str:
@@ -49,7 +54,7 @@ def lint(file: str, against: str | None = None, contract: str | None = None) -> 
     if contract is None and Path("infrarsi.toml").is_file():
         contract = "infrarsi.toml"
     if contract is not None:
-        from infrarsi._contract import load_contract
+        from infrarsi.contract import load_contract
 
         loaded = load_contract(contract)
         precision, protected = tuple(loaded.numerics.precision), tuple(loaded.protected_globs)

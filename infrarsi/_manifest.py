@@ -3,21 +3,52 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._contract import Contract
 from infrarsi._hashing import hash_protected
+from infrarsi.contract import Contract
+from infrarsi.errors import ManifestError, UsageError
 from infrarsi.ledger import KeyPair, canonical_json, sha256_hex, verify_signature
 
-__all__ = ["Manifest", "ManifestError", "build_manifest", "load_manifest", "MANIFEST_NAME"]
+__all__ = ["Manifest", "build_manifest", "load_manifest", "MANIFEST_NAME", "TrustedKey", "trusted_key", "is_public_key"]
 
 MANIFEST_NAME = "manifest.json"
+_PUBLIC_KEY = re.compile(r"[0-9a-f]{64}")
 
 
-class ManifestError(Exception):
-    """The manifest is missing, unreadable, or its signature does not verify."""
+def is_public_key(text: str) -> bool:
+    """An Ed25519 public key as InfraRSI writes it: 64 lowercase hex digits."""
+    return bool(_PUBLIC_KEY.fullmatch(text))
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """The public key evidence must be signed by: ``key`` (None when nothing pins one), where it
+    came from (``"given"``, ``"manifest"``, ``"none"``), and why a manifest could not supply it."""
+
+    key: str | None
+    source: str
+    problem: str | None = None
+
+
+def trusted_key(state_dir: Path, given: str | None = None) -> TrustedKey:
+    """The one trusted-key lookup (receipt verify, audit, report): the key given (64 lowercase hex
+    digits, else UsageError), else the one the signed manifest in ``state_dir`` (a workspace's
+    ``.infrarsi/``) pins."""
+    if given is not None:
+        if not is_public_key(given):
+            raise UsageError(f"--key {given[:20]!r}: expected an Ed25519 public key as 64 lowercase hex digits")
+        return TrustedKey(given, "given")
+    path = Path(state_dir) / MANIFEST_NAME
+    if not path.is_file():
+        return TrustedKey(None, "none")
+    try:
+        return TrustedKey(load_manifest(path).public_key, "manifest")
+    except ManifestError as exc:
+        return TrustedKey(None, "manifest", f"the manifest at {path} cannot supply a trusted key: {exc}")
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["FileChange", "PatchParseError", "parse_patch"]
+from infrarsi.errors import PatchParseError
+
+__all__ = ["FileChange", "parse_patch"]
 
 _DIFF_GIT = re.compile(r"^diff --git (\S+) (\S+)$")
-
-
-class PatchParseError(ValueError):
-    """The text is not a unified diff we can read."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,9 @@ def parse_patch(text: str) -> list[FileChange]:
         if current is not None:
             if current["old"] is None and current["new"] is None:
                 raise PatchParseError("a file change with /dev/null on both sides")
-            changes.append(FileChange(current["old"], current["new"], current["binary"],
-                                      current["rename"], current["mode"]))
+            changes.append(
+                FileChange(current["old"], current["new"], current["binary"], current["rename"], current["mode"])
+            )
         current = None
 
     lines = text.splitlines()
@@ -71,8 +70,14 @@ def parse_patch(text: str) -> list[FileChange]:
         git = _DIFF_GIT.match(line)
         if git:
             finish()
-            current = {"old": _strip(git.group(1)), "new": _strip(git.group(2)),
-                       "binary": False, "rename": False, "mode": False, "git": True}
+            current = {
+                "old": _strip(git.group(1)),
+                "new": _strip(git.group(2)),
+                "binary": False,
+                "rename": False,
+                "mode": False,
+                "git": True,
+            }
         elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
             old, new = _strip(line[4:]), _strip(lines[i + 1][4:])
             if current is None or not current.get("git") or current.get("hunks"):

@@ -6,19 +6,20 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi.ledger import canonical_json, sha256_hex, verify_signature
+from infrarsi.signing import canonical_json, sha256_hex, verify_signature
 
 __all__ = ["write_receipt", "verify_receipt", "check_receipt", "ledger_receipts", "ReceiptCheck", "RECEIPT_VERSION"]
 
 RECEIPT_VERSION = 1
 
 
-def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint,
-                  baseline_summary) -> Path:
+def write_receipt(
+    ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint, baseline_summary
+) -> Path:
     """Sign and write ``.infrarsi/receipts/<id>.json`` (and keep a copy in the ledger); returns its path."""
     from infrarsi._hashing import hash_workspace
-    from infrarsi._sources import pre_images
-    from infrarsi._verify import VERDICT_VERSION, required_checks
+    from infrarsi._policy import VERDICT_VERSION, required_checks
+    from infrarsi.runner import pre_images
 
     body = {
         "version": RECEIPT_VERSION,
@@ -28,8 +29,10 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         "patches": [{"name": p.name, "sha256": p.sha256} for p in candidate.patches],
         "patch_text_sha256": sha256_hex("".join(p.text for p in candidate.patches).encode()),
         # What the patches were measured on, so `apply` and `gate` can tell the same code from other code.
-        "sources": {path: sha256_hex(data) for path, data in
-                    sorted(pre_images(ws.contract.workspace, candidate.patches).items())},
+        "sources": {
+            path: sha256_hex(data)
+            for path, data in sorted(pre_images(ws.contract.workspace, candidate.patches).items())
+        },
         "protected_files": ws.manifest.files,
         # Every file of the workspace as measured, so `gate` can tell a stale receipt from a fresh one.
         "workspace_files": hash_workspace(ws.contract.workspace),
@@ -40,8 +43,10 @@ def write_receipt(ws, candidate, checks, estimate, base_times, cand_times, execu
         # clock "runner": the step times are the mean periods between step ends on InfraRSI's own clock.
         "ab": {"order": "BAAB", "clock": "runner", "baseline_s": base_times, "candidate_s": cand_times},
         "speedup": estimate.to_json(),
-        "baseline": {"step_time_s": baseline_summary.get("step_time_s"),
-                     "executions": baseline_summary.get("executions")},
+        "baseline": {
+            "step_time_s": baseline_summary.get("step_time_s"),
+            "executions": baseline_summary.get("executions"),
+        },
         "executions": executions,
         "rule_version": VERDICT_VERSION,
         "public_key": ws.key.public_hex,
@@ -71,7 +76,7 @@ class ReceiptCheck:
 
 def verify_receipt(path: str | Path, trusted_public_hex: str | None = None) -> ReceiptCheck:
     """Signature, id and completeness: every required check present and `pass`."""
-    from infrarsi._candidate import UsageError
+    from infrarsi.errors import UsageError
 
     try:
         raw = Path(path).read_bytes()
@@ -82,7 +87,7 @@ def verify_receipt(path: str | Path, trusted_public_hex: str | None = None) -> R
 
 def check_receipt(raw: bytes, trusted_public_hex: str | None = None) -> ReceiptCheck:
     """:func:`verify_receipt` of a receipt's bytes (as the ledger keeps them)."""
-    from infrarsi._verify import OPTIONAL_NUMERICS, REQUIRED_CHECKS
+    from infrarsi._policy import OPTIONAL_NUMERICS, REQUIRED_CHECKS
 
     try:
         data = json.loads(raw)
@@ -112,15 +117,15 @@ def check_receipt(raw: bytes, trusted_public_hex: str | None = None) -> ReceiptC
     # A numerics check the contract did not require may be `skipped`; every other must pass.
     always = set(REQUIRED_CHECKS) - set(OPTIONAL_NUMERICS.values())
     required = set(body.get("required_checks") or REQUIRED_CHECKS) | always
-    failed = [cid for cid, status in checks.items()
-              if status != "pass" and (cid in required or status != "skipped")]
+    failed = [cid for cid, status in checks.items() if status != "pass" and (cid in required or status != "skipped")]
     if failed:
         problems.append(f"checks not passed: {', '.join(failed)}")
     ab = body.get("ab") or {}
     if not ab.get("baseline_s") or len(ab.get("baseline_s", [])) != len(ab.get("candidate_s", [])):
         problems.append("no back-to-back A/B samples")
-    return ReceiptCheck(not problems, problems, receipt_id if isinstance(receipt_id, str) else None,
-                        body.get("speedup"))
+    return ReceiptCheck(
+        not problems, problems, receipt_id if isinstance(receipt_id, str) else None, body.get("speedup")
+    )
 
 
 def ledger_receipts(ledger) -> dict[str, bytes]:
@@ -130,7 +135,7 @@ def ledger_receipts(ledger) -> dict[str, bytes]:
     checked here: callers run :func:`check_receipt` on each.
     """
     found: dict[str, bytes] = {}
-    for digest, in ledger.db.execute("SELECT hash FROM blobs WHERE kind = 'receipt' ORDER BY rowid"):
+    for (digest,) in ledger.db.execute("SELECT hash FROM blobs WHERE kind = 'receipt' ORDER BY rowid"):
         data = ledger.get_blob(digest)
         found[_receipt_id(data) or digest] = data
     for path in sorted((Path(ledger.path).parent / "receipts").glob("*.json")):

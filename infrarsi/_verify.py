@@ -10,55 +10,30 @@ recorded with the verdicts it earned; an accepted candidate gets a signed receip
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
 from infrarsi._hashing import hash_protected
-from infrarsi._runner import ExecutionInterrupted, ExecutionResult
-from infrarsi._patch import PatchParseError
-from infrarsi._sandbox import PatchRejected
-from infrarsi._sources import changed_sources, pre_images
-from infrarsi.auditors import AUDITOR_VERSION, audit_check_ids, check_sources
+from infrarsi._policy import REQUIRED_CHECKS, VERDICT_VERSION, required_checks
 from infrarsi._workspace import Workspace, open_workspace
-from infrarsi.verifiers import (RULE_VERSION, BaselineReference, CheckResult, Rules, RunEvidence, check_manifest,
-                                ab_order, check_scope, check_speedup, judge_run)
+from infrarsi.auditors import audit_check_ids, check_sources
+from infrarsi.contract import Candidate, parse_sets, resolve_candidate
+from infrarsi.errors import ExecutionInterrupted, PatchParseError, PatchRejected, UsageError
+from infrarsi.runner import ExecutionResult, changed_sources, pre_images
+from infrarsi.verifiers import (
+    BaselineReference,
+    CheckResult,
+    Rules,
+    RunEvidence,
+    ab_order,
+    check_manifest,
+    check_scope,
+    check_speedup,
+    judge_run,
+)
 
-__all__ = ["VerifyOutcome", "verify", "REQUIRED_CHECKS", "VERDICT_VERSION", "required_checks", "stored_step_time"]
-
-# Every check a receipt must hold, each `pass`.
-REQUIRED_CHECKS = ("scope.parse", "scope.binary", "scope.editable", "scope.created", "scope.protected",
-                   "integrity.manifest", *audit_check_ids(), "integrity.protected", "integrity.framework",
-                   "integrity.containment", "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm",
-                   "numerics.precision", "stats.speedup")
-
-
-def _rules_digest() -> str:
-    """SHA-256 (12 hex) of the verifiers' and auditors' source: any change to a rule changes it."""
-    import hashlib
-    import importlib.util
-
-    digest = hashlib.sha256()
-    for package in ("infrarsi.verifiers", "infrarsi.auditors"):
-        root = Path(importlib.util.find_spec(package).origin).parent
-        for path in sorted(root.rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
-# Which rules gave a stored verdict: the verifiers' and the auditors' versions, and the digest
-# of their code, so `infrarsi audit` can tell a verdict today's code would give from an old one.
-VERDICT_VERSION = f"{RULE_VERSION}+{AUDITOR_VERSION}@{_rules_digest()}"
-
-# The numerics checks a contract may leave out of `require`; everything else is always required.
-OPTIONAL_NUMERICS = {"loss": "numerics.loss", "grad_norm": "numerics.grad_norm", "precision": "numerics.precision"}
-
-
-def required_checks(require) -> tuple[str, ...]:
-    """The checks that must `pass` under a contract whose [numerics] require is ``require``."""
-    dropped = {cid for name, cid in OPTIONAL_NUMERICS.items() if name not in require}
-    return tuple(cid for cid in REQUIRED_CHECKS if cid not in dropped)
+__all__ = ["VerifyOutcome", "Verification", "verify", "stored_step_time"]
 
 
 @dataclass
@@ -72,9 +47,13 @@ class VerifyOutcome:
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `verify --json`."""
-        return {"accepted": self.accepted, "candidate": self.candidate,
-                "checks": [c.to_json() for c in self.checks], "speedup": self.speedup,
-                "receipt": str(self.receipt) if self.receipt else None}
+        return {
+            "accepted": self.accepted,
+            "candidate": self.candidate,
+            "checks": [c.to_json() for c in self.checks],
+            "speedup": self.speedup,
+            "receipt": str(self.receipt) if self.receipt else None,
+        }
 
 
 def _run_evidence(result: ExecutionResult) -> RunEvidence:
@@ -104,10 +83,14 @@ def _skipped_rest(checks: list[CheckResult], reason: str) -> list[CheckResult]:
     return checks + [CheckResult(cid, "skipped", reason) for cid in REQUIRED_CHECKS if cid not in seen]
 
 
-def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[str, str] | None = None,
-           patches: list[str] | None = None, pairs: int | None = None,
-           progress: Callable[[int, int, ExecutionResult | None], None] | None = None,
-           keep_going: bool = False) -> VerifyOutcome:
+def verify(
+    contract_path: str | Path = "infrarsi.toml",
+    sets: list[str] | dict[str, str] | None = None,
+    patches: list[str] | None = None,
+    pairs: int | None = None,
+    progress: Callable[[int, int, ExecutionResult | None], None] | None = None,
+    keep_going: bool = False,
+) -> VerifyOutcome:
     """Check one candidate (knob settings + patches) fully; accepted only when every check passes.
 
     ``keep_going`` runs the candidate even when a check before the run failed, so every
@@ -122,12 +105,25 @@ def verify(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[s
         pairs = ws.contract.search.ab_pairs if pairs is None else pairs
         if pairs < 0:
             raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")
-        return _Verification(ws, candidate, stored, pairs, progress, keep_going).run()
+        return Verification(ws, candidate, stored, pairs, progress, keep_going).run()
 
 
-class _Verification:
-    def __init__(self, ws: Workspace, candidate: Candidate, baseline: dict, pairs: int, progress,
-                 keep_going: bool = False, batch: str | None = None, kind: str = "verify") -> None:
+class Verification:
+    """One candidate's checks against a stored baseline (``{"summary", "id"}``), each execution
+    recorded as it ends: `verify` runs it whole; the search runs it with ``pairs=0`` to judge an
+    exploration run and whole to promote (``batch`` and ``kind`` name the rows it writes)."""
+
+    def __init__(
+        self,
+        ws: Workspace,
+        candidate: Candidate,
+        baseline: dict,
+        pairs: int,
+        progress,
+        keep_going: bool = False,
+        batch: str | None = None,
+        kind: str = "verify",
+    ) -> None:
         self.ws, self.candidate, self.pairs = ws, candidate, pairs
         self.summary, self.baseline_id = baseline["summary"], baseline["id"]
         self.keep_going = keep_going
@@ -151,9 +147,15 @@ class _Verification:
         # verify. A row stopped before running has no evidence, and ends its batch by verdict.
         if result.evidence:
             result.evidence = {**result.evidence, "plan": {"runs": self.total, "ab_pairs": self.pairs}}
-        execution = self.ws.record(result, kind=kind, batch=self.batch, seq=self.seq,
-                                   verdicts=[c.to_json() for c in checks], rule_version=VERDICT_VERSION,
-                                   baseline_id=self.baseline_id)
+        execution = self.ws.record(
+            result,
+            kind=kind,
+            batch=self.batch,
+            seq=self.seq,
+            verdicts=[c.to_json() for c in checks],
+            rule_version=VERDICT_VERSION,
+            baseline_id=self.baseline_id,
+        )
         self.seq += 1
         self.executions.append(execution)
         return execution
@@ -166,23 +168,37 @@ class _Verification:
         contract, ws = self.ws.contract, self.ws
         if self.progress:
             self.progress(0, self.total, None)
-        checks = check_scope({p.name: p.text for p in self.candidate.patches},
-                             list(contract.scope.editable), list(contract.protected_globs))
-        checks.append(check_manifest(ws.manifest.body, ws.manifest.signature, contract.sha256,
-                                     ws.ledger.public_key, hash_protected(contract.workspace, contract.protected_globs)))
+        checks = check_scope(
+            {p.name: p.text for p in self.candidate.patches},
+            list(contract.scope.editable),
+            list(contract.protected_globs),
+        )
+        checks.append(
+            check_manifest(
+                ws.manifest.body,
+                ws.manifest.signature,
+                contract.sha256,
+                ws.ledger.public_key,
+                hash_protected(contract.workspace, contract.protected_globs),
+            )
+        )
         if self.keep_going or not _failed(checks):
             checks += self._audit()
         if _failed(checks) and not self.keep_going:
-            result = ExecutionResult(self.candidate, "rejected", detail="rejected before running: "
-                                     + "; ".join(c.detail for c in checks if not c.passed),
-                                     sources=pre_images(contract.workspace, self.candidate.patches))
+            result = ExecutionResult(
+                self.candidate,
+                "rejected",
+                detail="rejected before running: " + "; ".join(c.detail for c in checks if not c.passed),
+                sources=pre_images(contract.workspace, self.candidate.patches),
+            )
             self._record(result, self.kind, checks)
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
 
         rules = Rules.from_contract(contract)
         reference = BaselineReference.from_summary(self.summary)
-        result, run_checks = self._run_judged(self.candidate, self.kind, "the candidate", rules, reference,
-                                              recorded_with=checks)
+        result, run_checks = self._run_judged(
+            self.candidate, self.kind, "the candidate", rules, reference, recorded_with=checks
+        )
         self.candidate_result = result
         if _failed(run_checks) or (self.keep_going and _failed(checks)):
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
@@ -192,8 +208,13 @@ class _Verification:
         base_times, cand_times = self._ab(rules, reference, checks)
         if base_times is None:
             return self._finish(_skipped_rest(checks, "not reached: an A/B run failed"))
-        stat, estimate = check_speedup(base_times, cand_times, float(contract.search.min_speedup), self.pairs,
-                                       stored=stored_step_time(self.summary))
+        stat, estimate = check_speedup(
+            base_times,
+            cand_times,
+            float(contract.search.min_speedup),
+            self.pairs,
+            stored=stored_step_time(self.summary),
+        )
         checks.append(stat)
         speedup = estimate.to_json() if estimate else None
         required = required_checks(contract.numerics.require)
@@ -201,8 +222,17 @@ class _Verification:
             return self._finish(checks, speedup)
         from infrarsi._receipt import write_receipt
 
-        receipt = write_receipt(ws, self.candidate, checks, estimate, base_times, cand_times,
-                                self.executions, result.evidence.get("fingerprint", {}), self.summary)
+        receipt = write_receipt(
+            ws,
+            self.candidate,
+            checks,
+            estimate,
+            base_times,
+            cand_times,
+            self.executions,
+            result.evidence.get("fingerprint", {}),
+            self.summary,
+        )
         return self._finish(checks, speedup, receipt)
 
     def _audit(self) -> list[CheckResult]:
@@ -221,16 +251,24 @@ class _Verification:
         times = {"B": [], "A": []}
         for index, role in enumerate(ab_order(self.pairs)):
             who, name = (baseline, "baseline") if role == "B" else (self.candidate, "candidate")
-            result, judged = self._run_judged(who, f"ab-{name}", f"A/B pair {index // 2 + 1}: the {name}",
-                                              rules, reference)
+            result, judged = self._run_judged(
+                who, f"ab-{name}", f"A/B pair {index // 2 + 1}: the {name}", rules, reference
+            )
             if _failed(judged):
                 checks += [c for c in judged if not c.passed]
                 return None, None
             times[role].append(result.step_time_s)
         return times["B"], times["A"]
 
-    def _run_judged(self, who: Candidate, kind: str, role: str, rules: Rules, reference: BaselineReference,
-                    recorded_with: list[CheckResult] | None = None) -> tuple[ExecutionResult, list[CheckResult]]:
+    def _run_judged(
+        self,
+        who: Candidate,
+        kind: str,
+        role: str,
+        rules: Rules,
+        reference: BaselineReference,
+        recorded_with: list[CheckResult] | None = None,
+    ) -> tuple[ExecutionResult, list[CheckResult]]:
         """Run ``who`` once, judge it, and record it with its verdicts (``recorded_with`` + this run's).
 
         A run that finished but failed a check is recorded as ``rejected``.

@@ -1,74 +1,25 @@
-"""The driver: a workspace's contract, manifest, keys and ledger, and the verbs on them.
+"""A workspace: its contract, manifest, keys and ledger, open for the stages to record executions.
 
-Only the driver writes the ledger; each execution is recorded the moment it ends.
+Only a workspace writes the ledger; each execution is recorded the moment it ends.
 """
 
 from __future__ import annotations
 
-import shutil
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._candidate import Candidate, UsageError, parse_sets, resolve_candidate
-from infrarsi._contract import Contract, load_contract
-from infrarsi._manifest import MANIFEST_NAME, Manifest, ManifestError, build_manifest, load_manifest
-from infrarsi._runner import ExecutionInterrupted, ExecutionResult, Executor, LocalExecutor
+from infrarsi._manifest import MANIFEST_NAME, Manifest, load_manifest
+from infrarsi.contract import Candidate, Contract, load_contract
+from infrarsi.errors import ExecutionInterrupted, ManifestError, UsageError
 from infrarsi.ledger import KeyPair, Ledger, canonical_json, sha256_hex
+from infrarsi.runner import ExecutionResult, Executor, LocalExecutor
 
-__all__ = ["Workspace", "InitResult", "RunOutcome", "init", "open_workspace", "run"]
+__all__ = ["Workspace", "open_workspace", "LEDGER_NAME", "KEYS_DIR", "RECEIPTS_DIR", "STATE_ENTRIES"]
 
 LEDGER_NAME = "ledger.db"
 KEYS_DIR = "keys"
 RECEIPTS_DIR = "receipts"
-_STATE_ENTRIES = (LEDGER_NAME, LEDGER_NAME + "-wal", LEDGER_NAME + "-shm", MANIFEST_NAME, KEYS_DIR,
-                  RECEIPTS_DIR)
-
-
-@dataclass(frozen=True)
-class InitResult:
-    state_dir: Path
-    ledger: Path
-    manifest: Path
-    manifest_sha256: str
-    pinned: dict[str, str]
-    archived: Path | None
-
-    def to_json(self) -> dict:
-        return {"state_dir": str(self.state_dir), "ledger": str(self.ledger), "manifest": str(self.manifest),
-                "manifest_sha256": self.manifest_sha256, "pinned": self.pinned,
-                "archived": str(self.archived) if self.archived else None}
-
-
-def init(contract_path: str | Path = "infrarsi.toml", force: bool = False) -> InitResult:
-    """Validate the contract, pin protected files in a signed manifest, create key and ledger."""
-    contract = load_contract(contract_path)
-    state = contract.state_dir
-    ledger_path = state / LEDGER_NAME
-    archived = None
-    if ledger_path.exists():
-        if not force:
-            raise UsageError(f"{ledger_path} already exists: this workspace is initialised "
-                             f"(use --force to start a new ledger; the old one is kept in an archive)")
-        # Nothing recorded is lost: the old state moves aside, whole.
-        archived = state / "archive" / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        archived.mkdir(parents=True)
-        for name in _STATE_ENTRIES:
-            if (state / name).exists():
-                shutil.move(str(state / name), str(archived / name))
-    state.mkdir(parents=True, exist_ok=True)
-    key = KeyPair.generate()
-    key.save(state / KEYS_DIR)
-    manifest = build_manifest(contract, key)
-    manifest_path = state / MANIFEST_NAME
-    manifest_path.write_text(manifest.to_json())
-    with Ledger.open(ledger_path, key=key, create=True) as ledger:
-        ledger.put_blob(manifest.to_json().encode(), "manifest")
-        ledger.put_blob(contract.text.encode(), "contract")
-        ledger.set_meta("manifest_sha256", manifest.sha256)
-        ledger.set_meta("contract_sha256", contract.sha256)
-    return InitResult(state, ledger_path, manifest_path, manifest.sha256, manifest.files, archived)
+STATE_ENTRIES = (LEDGER_NAME, LEDGER_NAME + "-wal", LEDGER_NAME + "-shm", MANIFEST_NAME, KEYS_DIR, RECEIPTS_DIR)
 
 
 @dataclass
@@ -90,8 +41,9 @@ class Workspace:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def execute(self, candidate: Candidate, kind: str, batch: str, seq: int = 0,
-                sample_all: bool = False) -> tuple[int, ExecutionResult]:
+    def execute(
+        self, candidate: Candidate, kind: str, batch: str, seq: int = 0, sample_all: bool = False
+    ) -> tuple[int, ExecutionResult]:
         """Run one execution and commit it to the ledger before returning (interrupted ones too).
 
         ``sample_all`` observes every step closely (the baseline's reference run)."""
@@ -102,9 +54,18 @@ class Workspace:
             raise
         return self.record(result, kind, batch, seq), result
 
-    def record(self, result: ExecutionResult, kind: str, batch: str, seq: int = 0,
-               verdicts: list[dict] | None = None, rule_version: str | None = None,
-               baseline_id: int | None = None, llm_tokens: int = 0, llm_cost: float = 0.0) -> int:
+    def record(
+        self,
+        result: ExecutionResult,
+        kind: str,
+        batch: str,
+        seq: int = 0,
+        verdicts: list[dict] | None = None,
+        rule_version: str | None = None,
+        baseline_id: int | None = None,
+        llm_tokens: int = 0,
+        llm_cost: float = 0.0,
+    ) -> int:
         blobs: dict[str, tuple[bytes, str]] = {}
         patches = []
         for patch in result.candidate.patches:
@@ -122,18 +83,34 @@ class Workspace:
             data = canonical_json(result.evidence)
             blobs["evidence"] = (data, "evidence")
             evidence_hash = sha256_hex(data)
-        return self.ledger.append_execution({
-            "batch": batch, "kind": kind, "seq": seq,
-            "contract_hash": self.contract.sha256, "manifest_hash": self.manifest.sha256,
-            "knobs": result.candidate.knobs, "patches": patches, "sources": sources,
-            "status": result.status, "detail": result.detail, "exit_code": result.exit_code,
-            "step_time_s": result.step_time_s, "peak_mem_mb": result.peak_mem_mb,
-            "device_s": result.device_s, "wall_s": result.wall_s,
-            "receipts_hash": receipts_hash, "evidence_hash": evidence_hash,
-            "stderr_tail": result.stderr_tail[-4000:],
-            "verdicts": verdicts, "rule_version": rule_version, "baseline_id": baseline_id,
-            "llm_tokens": int(llm_tokens), "llm_cost": float(llm_cost),
-        }, blobs=blobs)
+        return self.ledger.append_execution(
+            {
+                "batch": batch,
+                "kind": kind,
+                "seq": seq,
+                "contract_hash": self.contract.sha256,
+                "manifest_hash": self.manifest.sha256,
+                "knobs": result.candidate.knobs,
+                "patches": patches,
+                "sources": sources,
+                "status": result.status,
+                "detail": result.detail,
+                "exit_code": result.exit_code,
+                "step_time_s": result.step_time_s,
+                "peak_mem_mb": result.peak_mem_mb,
+                "device_s": result.device_s,
+                "wall_s": result.wall_s,
+                "receipts_hash": receipts_hash,
+                "evidence_hash": evidence_hash,
+                "stderr_tail": result.stderr_tail[-4000:],
+                "verdicts": verdicts,
+                "rule_version": rule_version,
+                "baseline_id": baseline_id,
+                "llm_tokens": int(llm_tokens),
+                "llm_cost": float(llm_cost),
+            },
+            blobs=blobs,
+        )
 
 
 def open_workspace(contract_path: str | Path = "infrarsi.toml", executor: Executor | None = None) -> Workspace:
@@ -142,44 +119,22 @@ def open_workspace(contract_path: str | Path = "infrarsi.toml", executor: Execut
     state = contract.state_dir
     ledger_path = state / LEDGER_NAME
     if not ledger_path.exists():
-        raise UsageError(f"{contract.workspace}: not initialised (no {ledger_path.relative_to(contract.workspace)}); "
-                         f"run `infrarsi init` first")
+        raise UsageError(
+            f"{contract.workspace}: not initialised (no {ledger_path.relative_to(contract.workspace)}); "
+            f"run `infrarsi init` first"
+        )
     try:
         manifest = load_manifest(state / MANIFEST_NAME)
     except ManifestError as exc:
         raise UsageError(str(exc)) from None
     if manifest.body["contract_sha256"] != contract.sha256:
-        raise UsageError(f"{contract.path}: the contract changed since `infrarsi init` pinned it; "
-                         f"measurements under another contract are not comparable "
-                         f"(restore it, or `infrarsi init --force` for a new ledger)")
+        raise UsageError(
+            f"{contract.path}: the contract changed since `infrarsi init` pinned it; "
+            f"measurements under another contract are not comparable "
+            f"(restore it, or `infrarsi init --force` for a new ledger)"
+        )
     key = KeyPair.load(state / KEYS_DIR)
     if key.public_hex != manifest.public_key:
         raise UsageError(f"{state / KEYS_DIR}: the signing key is not the one the manifest was signed with")
     ledger = Ledger.open(ledger_path, key=key)
     return Workspace(contract, manifest, key, ledger, executor or LocalExecutor())
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    execution: int
-    status: str
-    step_time_s: float | None
-    peak_mem_mb: float | None
-    detail: str
-    candidate: dict
-
-    def to_json(self) -> dict:
-        """The DESIGN.md shape of `run --json`."""
-        return {"execution": self.execution, "status": self.status, "step_time_s": self.step_time_s,
-                "peak_mem_mb": self.peak_mem_mb}
-
-
-def run(contract_path: str | Path = "infrarsi.toml", sets: list[str] | dict[str, str] | None = None,
-        patches: list[str] | None = None) -> RunOutcome:
-    """One execution of the contract's job with knob settings and patches, recorded in the ledger."""
-    with open_workspace(contract_path) as ws:
-        values = sets if isinstance(sets, dict) else parse_sets(sets)
-        candidate = resolve_candidate(ws.contract, values, patches)
-        execution, result = ws.execute(candidate, kind="run", batch=uuid.uuid4().hex)
-    return RunOutcome(execution, result.status, result.step_time_s, result.peak_mem_mb, result.detail,
-                      candidate.describe())

@@ -29,6 +29,14 @@ the step ends at the last of them. After ``$INFRARSI_STEPS`` steps the receipts
 are closed and the process exits with code 0 at the script's next training call
 (so its own log line for the last step still appears), or after a short grace.
 With ``$INFRARSI_RECEIPTS`` unset the script runs exactly as it would on its own.
+
+Why one module: it runs as ``python -m infrarsi.autoprobe`` ahead of the script, and its
+wrappers (the optimizer's step, ``backward``, the GradScaler, the first forward) end and start
+the same step together; they read as one piece, and like the probe it imports nothing else of
+InfraRSI.
+It drives the probe's private writer, sampler and CUDA helpers (``_write``, ``_write_step``,
+``_sample_from_start``, ``_sync``): they stay private on the probe because the source audit
+flags a job that reaches for them, and the autoprobe is the framework's own adapter, not a job.
 """
 
 from __future__ import annotations
@@ -41,10 +49,10 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from infrarsi.probe import (_PARAM_REFRESH, AUTOPROBE_ENV, _AutocastSpy, _dtype_name, _legacy_matmul_precision,
-                            from_env)
+from infrarsi.probe import AUTOPROBE_ENV, PARAM_REFRESH, AutocastSpy, dtype_name, from_env, legacy_matmul_precision
 
 __all__ = ["AutoProbe", "main"]
 
@@ -66,8 +74,7 @@ def _exit_process() -> None:
 class AutoProbe:
     """Turns a script's torch calls into step receipts; :meth:`install` wraps torch, :meth:`uninstall` undoes it."""
 
-    def __init__(self, probe: Any, total_steps: int | None = None,
-                 on_done: Callable[[], None] = _exit_process) -> None:
+    def __init__(self, probe: Any, total_steps: int | None = None, on_done: Callable[[], None] = _exit_process) -> None:
         self.probe, self.total_steps, self.on_done = probe, total_steps, on_done
         self.torch: Any = None
         self.steps = 0
@@ -77,16 +84,16 @@ class AutoProbe:
         self._forward_hook: Any = None
         self._timer: threading.Timer | None = None
         self._start_ns = time.monotonic_ns()
-        self._t0: int | None = None            # start of the open step
+        self._t0: int | None = None  # start of the open step
         self._last_step_ns = 0
-        self._losses: list[Any] = []           # the open step's scalar backward() tensors
-        self._backwards = 0                    # its backward() calls, scalar or not
-        self._clipped: Any = None              # clip_grad_norm_'s result in the open step
-        self._norms: list[Any] = []            # fallback: per-optimizer grad norms before their step
+        self._losses: list[Any] = []  # the open step's scalar backward() tensors
+        self._backwards = 0  # its backward() calls, scalar or not
+        self._clipped: Any = None  # clip_grad_norm_'s result in the open step
+        self._norms: list[Any] = []  # fallback: per-optimizer grad norms before their step
         self._backward_since_end = False
         self._in_backward = False
-        self._depth = 0                        # optimizer.step() nesting (wrappers calling inner optimizers)
-        self._returns = 0                      # optimizer.step() returns, to see a GradScaler skip
+        self._depth = 0  # optimizer.step() nesting (wrappers calling inner optimizers)
+        self._returns = 0  # optimizer.step() returns, to see a GradScaler skip
         self._closer: weakref.ref | None = None
         self._optimizers: list[weakref.ref] = []
         self._params: list[Any] = []
@@ -102,7 +109,7 @@ class AutoProbe:
         from torch.optim import optimizer as optim
 
         self.torch = torch
-        _AutocastSpy.install(torch)
+        AutocastSpy.install(torch)
         self._patch(torch.autograd, "backward", self._wrap_backward)
         clip = self._wrap_clip(torch.nn.utils.clip_grad.clip_grad_norm_, given=False)
         for owner in (torch.nn.utils.clip_grad, torch.nn.utils):
@@ -116,9 +123,15 @@ class AutoProbe:
         self._handles.append(optim.register_optimizer_step_pre_hook(self._guarded(self._before_optimizer)))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guarded(self._after_optimizer)))
         self._forward_hook = nn_module.register_module_forward_pre_hook(self._guarded(self._before_forward))
-        self.probe._write({"type": "meta", "adapter": "autoprobe", "t_ns": time.monotonic_ns(),
-                           "loss": "sum of the scalars backward() was called on in the step",
-                           "grad_norm": "clip_grad_norm_ result, else the 2-norm of the optimizers' grads"})
+        self.probe._write(
+            {
+                "type": "meta",
+                "adapter": "autoprobe",
+                "t_ns": time.monotonic_ns(),
+                "loss": "sum of the scalars backward() was called on in the step",
+                "grad_norm": "clip_grad_norm_ result, else the 2-norm of the optimizers' grads",
+            }
+        )
         sampler = getattr(self.probe, "_sampler", None)
         if sampler is not None:
             sampler.modules = self._modules  # names for the parameters' gradients
@@ -149,6 +162,7 @@ class AutoProbe:
 
     def _guarded(self, hook: Callable) -> Callable:
         """A hook that can never break the user's training: a failure stops recording, loudly."""
+
         @functools.wraps(hook)
         def guarded(*args: Any) -> None:
             if self.broken:
@@ -158,14 +172,16 @@ class AutoProbe:
             except Exception as exc:  # noqa: BLE001 - evidence is lost, training must go on
                 self._break(exc)
             return None
+
         return guarded
 
     def _break(self, exc: BaseException) -> None:
         self.broken = True
         print(f"infrarsi.autoprobe: stopped recording receipts: {type(exc).__name__}: {exc}", file=sys.stderr)
         try:
-            self.probe._write({"type": "meta", "adapter_error": f"{type(exc).__name__}: {exc}",
-                               "t_ns": time.monotonic_ns()})
+            self.probe._write(
+                {"type": "meta", "adapter_error": f"{type(exc).__name__}: {exc}", "t_ns": time.monotonic_ns()}
+            )
         except Exception:
             pass
 
@@ -182,10 +198,12 @@ class AutoProbe:
                 return original(tensors, *args, **kwargs)
             finally:
                 self._in_backward = False
+
         return backward
 
     def _wrap_clip(self, original: Callable, given: bool) -> Callable:
         """The norm ``clip_grad_norm_`` returns, or the one ``clip_grads_with_norm_`` is given."""
+
         @functools.wraps(original)
         def clip(*args, **kwargs):
             result = original(*args, **kwargs)
@@ -193,6 +211,7 @@ class AutoProbe:
             if norm is not None and not self.broken and not self.done:
                 self._clipped = norm
             return result
+
         return clip
 
     def _wrap_scale(self, original: Callable) -> Callable:
@@ -207,6 +226,7 @@ class AutoProbe:
                 except (AttributeError, RuntimeError):
                     pass
             return scaled
+
         return scale
 
     def _wrap_scaler_step(self, original: Callable) -> Callable:
@@ -218,6 +238,7 @@ class AutoProbe:
                 # Not finite gradients: the scaler skipped optimizer.step(), but the step happened.
                 self._on_step_skipped(optimizer, True)
             return result
+
         return step
 
     # -- hooks ---------------------------------------------------------------------
@@ -304,18 +325,23 @@ class AutoProbe:
         if skipped:
             extra["skipped"] = "GradScaler: gradients not finite"
         record: dict[str, Any] = {
-            "type": "step", "step": self.steps, "t0_ns": t0, "t1_ns": t1, "tokens": None,
-            "loss": self._loss(), "grad_norm": self._grad_norm(),
+            "type": "step",
+            "step": self.steps,
+            "t0_ns": t0,
+            "t1_ns": t1,
+            "tokens": None,
+            "loss": self._loss(),
+            "grad_norm": self._grad_norm(),
             "peak_mem_bytes": probe._peak_mem(torch),
             "param_dtypes": self._param_dtypes(),
-            "autocast": sorted(_AutocastSpy.seen | _AutocastSpy.active_now(torch)),
-            "fp32_matmul": _legacy_matmul_precision(torch, probe._cuda),
+            "autocast": sorted(AutocastSpy.seen | AutocastSpy.active_now(torch)),
+            "fp32_matmul": legacy_matmul_precision(torch, probe._cuda),
             "extra": extra,
         }
         probe._write_step(record)
         self._losses, self._backwards, self._clipped, self._norms = [], 0, None, []
         self._backward_since_end = False
-        _AutocastSpy.seen = _AutocastSpy.active_now(torch)
+        AutocastSpy.seen = AutocastSpy.active_now(torch)
         self._last_step_ns = t1 - t0
         if self.total_steps is not None and self.steps >= self.total_steps:
             self._finish()
@@ -390,10 +416,15 @@ class AutoProbe:
     def _param_dtypes(self) -> list[str]:
         # Casts in place (.half(), .to()) keep the Parameter objects and are seen at once;
         # the list itself is refreshed every few steps, for add_param_group().
-        if not self._params or self.steps % _PARAM_REFRESH == 0:
-            self._params = [p for ref in self._optimizers if (opt := ref()) is not None
-                            for group in opt.param_groups for p in group["params"]]
-        return sorted({_dtype_name(dtype) for dtype in {p.dtype for p in self._params}})
+        if not self._params or self.steps % PARAM_REFRESH == 0:
+            self._params = [
+                p
+                for ref in self._optimizers
+                if (opt := ref()) is not None
+                for group in opt.param_groups
+                for p in group["params"]
+            ]
+        return sorted({dtype_name(dtype) for dtype in {p.dtype for p in self._params}})
 
 
 def _as_float(value: Any) -> float | None:

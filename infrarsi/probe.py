@@ -17,6 +17,11 @@ is written to the moment the sampled step's line is, the dtypes operators really
 ran in (``ops``), each parameter's gradient norm before each optimizer step
 (``grads``) and every ``fp32_precision`` setting (``fp32_precision``); see
 :class:`_Sampler`. Unsampled steps cost what they cost without it.
+
+Why one module: this is the one file of InfraRSI a job imports, and the import rules hold it
+to no other. The line writer, the step boundary, the sampler's window and the precision spies
+share one state that the job must not reach; split into modules, each would be one more set
+of importable names for a job to patch, and one more file for `integrity.framework` to pin.
 """
 
 from __future__ import annotations
@@ -28,17 +33,31 @@ import resource
 import sys
 import time
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
-__all__ = ["Probe", "NullProbe", "from_env", "RECEIPTS_ENV", "STEPS_ENV", "AUTOPROBE_ENV", "SAMPLE_ENV"]
+# The autoprobe builds on these too: the same precision spies, in the same record format.
+__all__ = [
+    "Probe",
+    "NullProbe",
+    "from_env",
+    "RECEIPTS_ENV",
+    "STEPS_ENV",
+    "AUTOPROBE_ENV",
+    "SAMPLE_ENV",
+    "AutocastSpy",
+    "PARAM_REFRESH",
+    "dtype_name",
+    "legacy_matmul_precision",
+]
 
 RECEIPTS_ENV = "INFRARSI_RECEIPTS"
 STEPS_ENV = "INFRARSI_STEPS"
 AUTOPROBE_ENV = "INFRARSI_AUTOPROBE"  # set by infrarsi.autoprobe while it records the steps
 SAMPLE_ENV = "INFRARSI_SAMPLE"  # the runner's sampled steps ("3,17" or "all"): operator dtypes, per-parameter grads
 RECEIPT_VERSION = 1
-_PARAM_REFRESH = 8
+PARAM_REFRESH = 8
 
 
 def _torch():
@@ -91,7 +110,7 @@ def _parse_plan(raw: str | None) -> frozenset[int] | str | None:
     return frozenset(s for s in steps if s > 0) or None
 
 
-class _AutocastSpy:
+class AutocastSpy:
     """Records every autocast context entered while a step is open.
 
     Wraps ``torch.autocast.__enter__`` once per process; the CUDA and CPU
@@ -160,8 +179,7 @@ class Probe(NullProbe):
 
     enabled = True
 
-    def __init__(self, path: str, total_steps: int | None = None,
-                 sample: frozenset[int] | str | None = None) -> None:
+    def __init__(self, path: str, total_steps: int | None = None, sample: frozenset[int] | str | None = None) -> None:
         self.total_steps = total_steps
         self._file = open(path, "a", buffering=1, encoding="utf-8")
         self._models: list[weakref.ref] = []
@@ -171,8 +189,7 @@ class Probe(NullProbe):
         self._in_step = False
         self._cuda_available: bool | None = None  # asked once, at the first step with torch loaded
         self._cuda = False  # True from the first step on which the script has initialised CUDA
-        self._write({"type": "meta", "version": RECEIPT_VERSION, "pid": os.getpid(),
-                     "t_ns": time.monotonic_ns()})
+        self._write({"type": "meta", "version": RECEIPT_VERSION, "pid": os.getpid(), "t_ns": time.monotonic_ns()})
         self._sampler = _Sampler(self, sample) if sample else None
         self._lines = 0  # step lines written
         self._sample_from_start()
@@ -197,8 +214,8 @@ class Probe(NullProbe):
         self._flush_pending()
         torch = _torch()
         if torch is not None:
-            _AutocastSpy.install(torch)
-            _AutocastSpy.seen = _AutocastSpy.active_now(torch)
+            AutocastSpy.install(torch)
+            AutocastSpy.seen = AutocastSpy.active_now(torch)
         self._sync(torch)
         self._in_step = True
         return torch
@@ -207,10 +224,16 @@ class Probe(NullProbe):
         self._sync(torch)
         t1 = time.monotonic_ns()
         self._in_step = False
-        record: dict[str, Any] = {"type": "step", "step": int(step), "t0_ns": t0, "t1_ns": t1,
-                                  "tokens": None if tokens is None else int(tokens),
-                                  "loss": None, "grad_norm": None,
-                                  "peak_mem_bytes": self._peak_mem(torch)}
+        record: dict[str, Any] = {
+            "type": "step",
+            "step": int(step),
+            "t0_ns": t0,
+            "t1_ns": t1,
+            "tokens": None if tokens is None else int(tokens),
+            "loss": None,
+            "grad_norm": None,
+            "peak_mem_bytes": self._peak_mem(torch),
+        }
         record.update(self._precision(torch))
         self._pending = record
 
@@ -219,13 +242,20 @@ class Probe(NullProbe):
         record = self._pending
         if record is None or record["step"] != int(step):
             self._flush_pending()
-            record = {"type": "step", "step": int(step), "t0_ns": None, "t1_ns": None,
-                      "tokens": None, "loss": None, "grad_norm": None, "peak_mem_bytes": None}
+            record = {
+                "type": "step",
+                "step": int(step),
+                "t0_ns": None,
+                "t1_ns": None,
+                "tokens": None,
+                "loss": None,
+                "grad_norm": None,
+                "peak_mem_bytes": None,
+            }
         record["loss"] = _as_float(loss)
         record["grad_norm"] = _as_float(grad_norm)
         if extra:
-            record["extra"] = {k: _as_float(v) if isinstance(v, (int, float)) else str(v)
-                               for k, v in extra.items()}
+            record["extra"] = {k: _as_float(v) if isinstance(v, (int, float)) else str(v) for k, v in extra.items()}
         self._pending = record
         self._flush_pending()
 
@@ -255,8 +285,11 @@ class Probe(NullProbe):
         self._lines += 1
         if sampler is not None:
             after = record.get("step")
-            if (type(after) is int and (sampler.plan is ALL_STEPS or after + 1 in sampler.plan)
-                    and (self.total_steps is None or after < self.total_steps)):
+            if (
+                type(after) is int
+                and (sampler.plan is ALL_STEPS or after + 1 in sampler.plan)
+                and (self.total_steps is None or after < self.total_steps)
+            ):
                 sampler.open(after + 1)
 
     def _sample_from_start(self) -> None:
@@ -297,15 +330,16 @@ class Probe(NullProbe):
         # Walking the module tree costs more than the rest of the probe together, so the
         # parameter list is refreshed every few steps; in-place dtype casts (.half(), .to())
         # keep the same Parameter objects and are seen at once.
-        if self._steps_seen % _PARAM_REFRESH == 0:
-            self._params = [param for ref in self._models if (model := ref()) is not None
-                            for param in model.parameters()]
+        if self._steps_seen % PARAM_REFRESH == 0:
+            self._params = [
+                param for ref in self._models if (model := ref()) is not None for param in model.parameters()
+            ]
         self._steps_seen += 1
-        dtypes = {_dtype_name(dtype) for dtype in {param.dtype for param in self._params}}
-        out: dict[str, Any] = {"autocast": sorted(_AutocastSpy.seen | _AutocastSpy.active_now(torch))}
+        dtypes = {dtype_name(dtype) for dtype in {param.dtype for param in self._params}}
+        out: dict[str, Any] = {"autocast": sorted(AutocastSpy.seen | AutocastSpy.active_now(torch))}
         if self._models:
             out["param_dtypes"] = sorted(dtypes)
-        matmul = _legacy_matmul_precision(torch, self._cuda)
+        matmul = legacy_matmul_precision(torch, self._cuda)
         if matmul is not None:
             out["fp32_matmul"] = matmul
         return out
@@ -314,7 +348,7 @@ class Probe(NullProbe):
 _DTYPE_NAMES: dict[Any, str] = {}
 
 
-def _dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: Any) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
@@ -366,14 +400,14 @@ class _Sampler:
     def __init__(self, probe: Probe, plan: frozenset[int] | str) -> None:
         self.probe = probe
         self.plan = ALL_STEPS if plan == ALL_STEPS else frozenset(plan)  # the writer tests `is ALL_STEPS`
-        self.step: int | None = None        # the step the open window belongs to
+        self.step: int | None = None  # the step the open window belongs to
         self.spy: Any = None
         self.hook: Any = None
         self.grads: dict[str, float | None] | None = {}
-        self.rows: dict[str, float] = {}   # the smallest row's gradient norm, of 2-D and larger parameters
+        self.rows: dict[str, float] = {}  # the smallest row's gradient norm, of 2-D and larger parameters
         self.names: dict[int, str] | None = None
         self.optimizers: list[weakref.ref] = []  # in the order first seen stepping
-        self.modules: list[weakref.ref] = []     # modules the autoprobe saw called, outermost first
+        self.modules: list[weakref.ref] = []  # modules the autoprobe saw called, outermost first
 
     def wants(self, step: int) -> bool:
         return self.plan == ALL_STEPS or step in self.plan
@@ -416,15 +450,17 @@ class _Sampler:
             return
         if record.get("step") != step:
             return  # the job wrote another step's line: the window is not that step's
-        record["ops"] = sorted({f"{name}:{_dtype_name(dtype)}" for name, dtype in spy.seen})
+        record["ops"] = sorted({f"{name}:{dtype_name(dtype)}" for name, dtype in spy.seen})
         if self.grads is not None:
             record["grads"] = self.grads
             record["grad_min_rows"] = self.rows
         torch = _torch()
         record["fp32_precision"] = _fp32_precision(torch, self.probe._cuda)
         if _compiled(torch):
-            record["ops_note"] = ("torch.compile: compiled frames ran eagerly while observed (dynamo does not "
-                                  "run compiled code under a dispatch mode); the compiled kernels are not seen")
+            record["ops_note"] = (
+                "torch.compile: compiled frames ran eagerly while observed (dynamo does not "
+                "run compiled code under a dispatch mode); the compiled kernels are not seen"
+            )
 
     # -- gradients -------------------------------------------------------------------------
     def _before_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -507,8 +543,11 @@ def _grad_norms(torch: Any, grads: list[Any]) -> tuple[list[float | None], list[
             whole = list(torch._foreach_norm(tensors))
         else:
             whole = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in tensors]
-        least = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32).amin()
-                 for _, g in dense if g.dim() >= 2 and g.shape[0] and g[0].numel()]
+        least = [
+            torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1, dtype=torch.float32).amin()
+            for _, g in dense
+            if g.dim() >= 2 and g.shape[0] and g[0].numel()
+        ]
         device = whole[0].device
         values = torch.stack([n.to(device=device, dtype=torch.float64) for n in whole + least]).tolist()
     except Exception:  # noqa: BLE001 - odd layouts or several devices: norms one at a time, no rows
@@ -518,7 +557,7 @@ def _grad_norms(torch: Any, grads: list[Any]) -> tuple[list[float | None], list[
                 values.append(float(torch.linalg.vector_norm(g.detach().double())))
             except Exception:  # noqa: BLE001
                 values.append(math.nan)
-    taken = iter(values[len(dense):])
+    taken = iter(values[len(dense) :])
     for (i, g), value in zip(dense, values):
         norms[i] = float(f"{value:.7g}")
         if len(values) > len(dense) and g.dim() >= 2 and g.shape[0] and g[0].numel():
@@ -527,7 +566,7 @@ def _grad_norms(torch: Any, grads: list[Any]) -> tuple[list[float | None], list[
 
 
 _SPY: Any = None
-_KINDS: dict[Any, tuple[str, bool]] = {}   # operator -> (name, is a math operator)
+_KINDS: dict[Any, tuple[str, bool]] = {}  # operator -> (name, is a math operator)
 _MATH_WORDS = ("matmul", "linear", "conv", "attention", "einsum", "addmv", "lstm", "gru", "rnn", "tensordot")
 _MATH_NAMES = frozenset({"mv", "dot", "vdot", "inner", "outer", "ger", "addr"})
 
@@ -537,9 +576,13 @@ def _classify(func: Any) -> tuple[str, bool]:
     if not hasattr(func, "_opname"):  # a higher-order operator: what it is given counts
         return str(name), True
     base = str(name).lstrip("_")
-    math_op = (base in _MATH_NAMES or base.endswith("mm") or "addmm" in base
-               or any(word in base for word in _MATH_WORDS if word != "conv")
-               or ("conv" in base and "convert" not in base))
+    math_op = (
+        base in _MATH_NAMES
+        or base.endswith("mm")
+        or "addmm" in base
+        or any(word in base for word in _MATH_WORDS if word != "conv")
+        or ("conv" in base and "convert" not in base)
+    )
     return str(name), math_op
 
 
@@ -551,9 +594,23 @@ def _spy_class() -> type:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    low = {d for d in (getattr(torch, n, None) for n in (
-        "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-        "float8_e8m0fnu", "float4_e2m1fn_x2")) if d is not None}
+    low = {
+        d
+        for d in (
+            getattr(torch, n, None)
+            for n in (
+                "float16",
+                "bfloat16",
+                "float8_e4m3fn",
+                "float8_e5m2",
+                "float8_e4m3fnuz",
+                "float8_e5m2fnuz",
+                "float8_e8m0fnu",
+                "float4_e2m1fn_x2",
+            )
+        )
+        if d is not None
+    }
     math_dtypes = low | {torch.float32, torch.float64, torch.int8, torch.uint8}
     tensor_type, dtype_type = torch.Tensor, torch.dtype
 
@@ -623,11 +680,17 @@ def _compiled(torch: Any) -> bool:
 
 # torch.backends attributes holding an fp32_precision setting ("ieee", "tf32", "bf16", "none").
 # The CUDA ones count only for a job that uses CUDA (they change nothing on a CPU).
-_FP32_SETTINGS = (("backends", (), False), ("mkldnn", ("mkldnn",), False),
-                  ("mkldnn.matmul", ("mkldnn", "matmul"), False), ("mkldnn.conv", ("mkldnn", "conv"), False),
-                  ("mkldnn.rnn", ("mkldnn", "rnn"), False), ("cuda.matmul", ("cuda", "matmul"), True),
-                  ("cudnn", ("cudnn",), True), ("cudnn.conv", ("cudnn", "conv"), True),
-                  ("cudnn.rnn", ("cudnn", "rnn"), True))
+_FP32_SETTINGS = (
+    ("backends", (), False),
+    ("mkldnn", ("mkldnn",), False),
+    ("mkldnn.matmul", ("mkldnn", "matmul"), False),
+    ("mkldnn.conv", ("mkldnn", "conv"), False),
+    ("mkldnn.rnn", ("mkldnn", "rnn"), False),
+    ("cuda.matmul", ("cuda", "matmul"), True),
+    ("cudnn", ("cudnn",), True),
+    ("cudnn.conv", ("cudnn", "conv"), True),
+    ("cudnn.rnn", ("cudnn", "rnn"), True),
+)
 
 
 def _fp32_setting(torch: Any, path: tuple[str, ...]) -> str | None:
@@ -652,13 +715,13 @@ def _fp32_precision(torch: Any, cuda: bool) -> dict[str, str]:
         value = _fp32_setting(torch, path)
         if value is not None:
             out[key] = value
-    legacy = _legacy_matmul_precision(torch, cuda)
+    legacy = legacy_matmul_precision(torch, cuda)
     if legacy is not None:
         out["legacy_matmul"] = legacy
     return out
 
 
-def _legacy_matmul_precision(torch: Any, cuda: bool) -> str | None:
+def legacy_matmul_precision(torch: Any, cuda: bool) -> str | None:
     """``torch.get_float32_matmul_precision()``, even where torch refuses to answer.
 
     Once a job has set ``fp32_precision`` through the newer API so that the backends disagree,
@@ -705,12 +768,22 @@ def _string(value: Any) -> str:
 
 
 _ENCODERS = {
-    "type": _string, "step": _int_or_null, "t0_ns": _int_or_null, "t1_ns": _int_or_null,
-    "tokens": _int_or_null, "loss": _float_or_null, "grad_norm": _float_or_null,
-    "peak_mem_bytes": _int_or_null, "autocast": _str_list, "param_dtypes": _str_list,
-    "fp32_matmul": _string, "extra": lambda v: json.dumps(v, allow_nan=True),
-    "ops": _str_list, "grads": lambda v: json.dumps(v, allow_nan=True),
-    "grad_min_rows": lambda v: json.dumps(v, allow_nan=True), "fp32_precision": json.dumps,
+    "type": _string,
+    "step": _int_or_null,
+    "t0_ns": _int_or_null,
+    "t1_ns": _int_or_null,
+    "tokens": _int_or_null,
+    "loss": _float_or_null,
+    "grad_norm": _float_or_null,
+    "peak_mem_bytes": _int_or_null,
+    "autocast": _str_list,
+    "param_dtypes": _str_list,
+    "fp32_matmul": _string,
+    "extra": lambda v: json.dumps(v, allow_nan=True),
+    "ops": _str_list,
+    "grads": lambda v: json.dumps(v, allow_nan=True),
+    "grad_min_rows": lambda v: json.dumps(v, allow_nan=True),
+    "fp32_precision": json.dumps,
     "ops_note": _string,
 }
 
@@ -774,7 +847,7 @@ def _vmhwm_kb() -> int | None:
             _status_fd, _status_pid = os.open("/proc/self/status", os.O_RDONLY), os.getpid()
         text = os.pread(_status_fd, 16384, 0)
         start = text.index(b"VmHWM:") + 6
-        return int(text[start:text.index(b"kB", start)])
+        return int(text[start : text.index(b"kB", start)])
     except (OSError, ValueError):
         _status_pid = None  # the script may have closed the descriptor: open it again next time
     return None
@@ -782,5 +855,5 @@ def _vmhwm_kb() -> int | None:
 
 _status_fd: int = -1
 _status_pid: int | None = None
-_carried_kb: int = 0        # ru_maxrss carried across exec (0: none above the process's own)
+_carried_kb: int = 0  # ru_maxrss carried across exec (0: none above the process's own)
 _carried_pid: int | None = None

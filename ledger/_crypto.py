@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ._errors import LedgerError
+from infrarsi.errors import LedgerError
+from infrarsi.signing import canonical_json, sha256_hex, verify_signature
 
 __all__ = ["canonical_json", "sha256_hex", "KeyPair", "verify_signature"]
 
@@ -18,25 +17,14 @@ PRIVATE_NAME = "signing.key"
 PUBLIC_NAME = "signing.pub"
 
 
-def canonical_json(obj) -> bytes:
-    """The one byte string every hash and signature is computed over: sorted keys, no spaces, UTF-8."""
-    # allow_nan=False: NaN/Infinity are not JSON, and another reader would not parse them back.
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode()
-
-
-def sha256_hex(data: bytes) -> str:
-    """Lower-case hex SHA-256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
 class KeyPair:
     """An Ed25519 signing key; the public half is what a ledger and a manifest are checked against."""
 
     def __init__(self, private: Ed25519PrivateKey):
         self._private = private
-        self._public_hex = private.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        self._public_hex = (
+            private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        )
 
     @classmethod
     def generate(cls) -> "KeyPair":
@@ -51,8 +39,9 @@ class KeyPair:
         try:
             pem = private_path.read_bytes()
         except FileNotFoundError:
-            raise LedgerError(f"{private_path}: no signing key (expected the {PRIVATE_NAME} written "
-                              f"by `infrarsi init`)") from None
+            raise LedgerError(
+                f"{private_path}: no signing key (expected the {PRIVATE_NAME} written by `infrarsi init`)"
+            ) from None
         try:
             private = serialization.load_pem_private_key(pem, password=None)
         except (ValueError, TypeError) as exc:
@@ -64,16 +53,19 @@ class KeyPair:
         if public_path.exists():
             stored = public_path.read_text().strip()
             if stored != key.public_hex:
-                raise LedgerError(f"{public_path}: public key {stored[:16]}... does not belong to "
-                                  f"{private_path} (its public key is {key.public_hex[:16]}...)")
+                raise LedgerError(
+                    f"{public_path}: public key {stored[:16]}... does not belong to "
+                    f"{private_path} (its public key is {key.public_hex[:16]}...)"
+                )
         return key
 
     def save(self, directory: str | Path) -> None:
         """Write ``signing.key`` (mode 0600) and ``signing.pub`` (hex) into ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pem = self._private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption())
+        pem = self._private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         private_path = directory / PRIVATE_NAME
         # Created 0600 from the start: the key is never readable by others, not even briefly.
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -93,13 +85,3 @@ class KeyPair:
 
     def __repr__(self) -> str:
         return f"KeyPair(public={self._public_hex[:16]}...)"
-
-
-def verify_signature(public_hex: str, data: bytes, signature_hex: str) -> bool:
-    """True when ``signature_hex`` is ``public_hex``'s signature of ``data``; False for anything else."""
-    try:
-        public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_hex))
-        public.verify(bytes.fromhex(signature_hex), data)
-    except Exception:  # noqa: BLE001 - garbage of any shape is simply "does not verify"
-        return False
-    return True

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import sqlite_utils
 
+from infrarsi.errors import LedgerError
+
 from ._crypto import KeyPair, canonical_json, sha256_hex, verify_signature
-from ._errors import LedgerError
 from ._rows import GENESIS_HASH, decode_row, encode_fields, head_body, row_digest
 from ._schema import applied_versions, migrate, utc_now
 from ._verify import ChainReport, verify_chain
@@ -44,8 +45,9 @@ class Ledger:
         path = Path(path)
         exists = path.exists() and path.stat().st_size > 0
         if not exists and not create:
-            raise LedgerError(f"{path}: no ledger there (expected an existing ledger file; "
-                              f"`infrarsi init` creates one)")
+            raise LedgerError(
+                f"{path}: no ledger there (expected an existing ledger file; `infrarsi init` creates one)"
+            )
         if create and key is None:
             raise LedgerError(f"{path}: creating a ledger needs a signing key (its public key is stored)")
         try:
@@ -60,8 +62,9 @@ class Ledger:
         return ledger
 
     @staticmethod
-    def _prepare(conn: sqlite3.Connection, path: Path, exists: bool, create: bool,
-                 key: KeyPair | None) -> sqlite_utils.Database:
+    def _prepare(
+        conn: sqlite3.Connection, path: Path, exists: bool, create: bool, key: KeyPair | None
+    ) -> sqlite_utils.Database:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
@@ -74,8 +77,10 @@ class Ledger:
             if create and key is not None:
                 _initialise(db, key)
             if _meta(db, PUBLIC_KEY) is None:
-                raise LedgerError(f"{path}: ledger has no stored public key (an interrupted create?); "
-                                  f"make a new one with `infrarsi init --force`")
+                raise LedgerError(
+                    f"{path}: ledger has no stored public key (an interrupted create?); "
+                    f"make a new one with `infrarsi init --force`"
+                )
         except sqlite3.DatabaseError as exc:
             raise LedgerError(f"{path}: not a readable SQLite ledger ({exc})") from None
         return db
@@ -99,11 +104,15 @@ class Ledger:
 
     def _writer(self) -> KeyPair:
         if self._key is None:
-            raise LedgerError(f"{self.path}: opened without a signing key, so it is read-only "
-                              f"(writing needs the key with public key {self.public_key[:16]}...)")
+            raise LedgerError(
+                f"{self.path}: opened without a signing key, so it is read-only "
+                f"(writing needs the key with public key {self.public_key[:16]}...)"
+            )
         if self._key.public_hex != self.public_key:
-            raise LedgerError(f"{self.path}: signing key {self._key.public_hex[:16]}... is not this "
-                              f"ledger's key (expected public key {self.public_key[:16]}...)")
+            raise LedgerError(
+                f"{self.path}: signing key {self._key.public_hex[:16]}... is not this "
+                f"ledger's key (expected public key {self.public_key[:16]}...)"
+            )
         return self._key
 
     @contextmanager
@@ -139,8 +148,10 @@ class Ledger:
             return None
         data = bytes(row[0])
         if sha256_hex(data) != digest:
-            raise LedgerError(f"{self.path}: blob {digest[:16]}... has been altered "
-                              f"(its content hashes to {sha256_hex(data)[:16]}...)")
+            raise LedgerError(
+                f"{self.path}: blob {digest[:16]}... has been altered "
+                f"(its content hashes to {sha256_hex(data)[:16]}...)"
+            )
         return data
 
     def set_meta(self, key: str, value: str) -> None:
@@ -182,15 +193,21 @@ class Ledger:
         head = self.db.execute("SELECT count, row_hash, signature FROM head WHERE id = 1").fetchone()
         last = self.db.execute("SELECT id, row_hash FROM executions ORDER BY id DESC LIMIT 1").fetchone()
         last_id, last_hash = last if last else (0, GENESIS_HASH)
-        if (head is None or not verify_signature(key.public_hex, head_body(head[0], head[1]), head[2])
-                or (head[0], head[1]) != (last_id, last_hash)):
-            raise LedgerError(f"{self.path}: the signed head does not match the last execution "
-                              f"(the ledger was tampered with); run `infrarsi audit` to see where")
+        if (
+            head is None
+            or not verify_signature(key.public_hex, head_body(head[0], head[1]), head[2])
+            or (head[0], head[1]) != (last_id, last_hash)
+        ):
+            raise LedgerError(
+                f"{self.path}: the signed head does not match the last execution "
+                f"(the ledger was tampered with); run `infrarsi audit` to see where"
+            )
         return head[0], head[1]
 
     def _set_head(self, key: KeyPair, count: int, row_hash: str) -> None:
-        self.db["head"].upsert({"id": 1, "count": count, "row_hash": row_hash,
-                                "signature": key.sign(head_body(count, row_hash))}, pk="id")
+        self.db["head"].upsert(
+            {"id": 1, "count": count, "row_hash": row_hash, "signature": key.sign(head_body(count, row_hash))}, pk="id"
+        )
 
     def executions(self, kind: str | None = None, batch: str | None = None) -> Iterator[dict]:
         """Executions in id order, decoded, streamed from the database a row at a time."""
@@ -223,8 +240,12 @@ class Ledger:
             raise LedgerError(f"baseline {batch!r}: summary is not JSON-serialisable ({exc})") from None
         with self._transaction() as key:
             last = self.db.execute("SELECT max(id) FROM baselines").fetchone()[0] or 0
-            row = {"id": last + 1, "batch": batch, "created_at": utc_now(),
-                   "summary_hash": self._put_blob(body, "baseline")}
+            row = {
+                "id": last + 1,
+                "batch": batch,
+                "created_at": utc_now(),
+                "summary_hash": self._put_blob(body, "baseline"),
+            }
             row["signature"] = key.sign(_baseline_body(row))
             self.db["baselines"].insert(row)
         return row["id"]
@@ -241,8 +262,10 @@ class Ledger:
 
     def baseline_ids(self) -> list[tuple[int, str, str]]:
         """``(id, batch, created_at)`` of every baseline, oldest first (small: one per `baseline`)."""
-        return [(r["id"], r["batch"], r["created_at"])
-                for r in self.db.query("SELECT id, batch, created_at FROM baselines ORDER BY id")]
+        return [
+            (r["id"], r["batch"], r["created_at"])
+            for r in self.db.query("SELECT id, batch, created_at FROM baselines ORDER BY id")
+        ]
 
     def altered_blobs(self) -> Iterator[tuple[str, str]]:
         """``(hash, kind)`` of every blob whose content no longer hashes to its key, streamed."""
@@ -252,14 +275,16 @@ class Ledger:
 
     def _baseline(self, row: dict) -> dict:
         if not verify_signature(self.public_key, _baseline_body(row), row["signature"]):
-            raise LedgerError(f"{self.path}: baseline {row['id']} (batch {row['batch']!r}): "
-                              f"signature does not verify (the row was altered)")
+            raise LedgerError(
+                f"{self.path}: baseline {row['id']} (batch {row['batch']!r}): "
+                f"signature does not verify (the row was altered)"
+            )
         data = self.get_blob(row["summary_hash"])
         if data is None:
-            raise LedgerError(f"{self.path}: baseline {row['id']}: summary blob "
-                              f"{row['summary_hash'][:16]}... is missing")
-        return {"id": row["id"], "batch": row["batch"], "created_at": row["created_at"],
-                "summary": json.loads(data)}
+            raise LedgerError(
+                f"{self.path}: baseline {row['id']}: summary blob {row['summary_hash'][:16]}... is missing"
+            )
+        return {"id": row["id"], "batch": row["batch"], "created_at": row["created_at"], "summary": json.loads(data)}
 
     # -- audit -----------------------------------------------------------------------------
 
@@ -284,8 +309,9 @@ def _initialise(db: sqlite_utils.Database, key: KeyPair) -> None:
     try:
         if _meta(db, PUBLIC_KEY) is None:
             db["meta"].insert({"key": PUBLIC_KEY, "value": key.public_hex})
-            db["head"].insert({"id": 1, "count": 0, "row_hash": GENESIS_HASH,
-                               "signature": key.sign(head_body(0, GENESIS_HASH))})
+            db["head"].insert(
+                {"id": 1, "count": 0, "row_hash": GENESIS_HASH, "signature": key.sign(head_body(0, GENESIS_HASH))}
+            )
     except BaseException:
         db.conn.rollback()
         raise

@@ -11,8 +11,9 @@ import json
 import math
 from typing import Any
 
+from infrarsi.errors import LedgerError
+
 from ._crypto import canonical_json, sha256_hex
-from ._errors import LedgerError
 from ._schema import EXECUTION_COLUMNS, LEDGER_SET, STATUSES, V1_EXECUTION_COLUMNS
 
 __all__ = ["GENESIS_HASH", "encode_fields", "decode_row", "row_digest", "head_body"]
@@ -45,10 +46,10 @@ def _json(name: str, value: Any) -> str:
         raise LedgerError(f"execution field {name!r}: expected a dict, got {type(value).__name__}")
     if name == "sources" and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise LedgerError(f"execution field 'sources': expected {{path: sha256}} strings, got {value!r}")
-    if name == "patches" and not (isinstance(value, list) and all(
-            isinstance(p, dict) and set(p) == {"name", "sha256"} for p in value)):
-        raise LedgerError(f"execution field 'patches': expected a list of {{'name', 'sha256'}} dicts, "
-                          f"got {value!r}")
+    if name == "patches" and not (
+        isinstance(value, list) and all(isinstance(p, dict) and set(p) == {"name", "sha256"} for p in value)
+    ):
+        raise LedgerError(f"execution field 'patches': expected a list of {{'name', 'sha256'}} dicts, got {value!r}")
     try:
         return canonical_json(value).decode()
     except (TypeError, ValueError) as exc:
@@ -61,8 +62,9 @@ def encode_fields(fields: dict) -> dict:
         raise LedgerError(f"execution fields: expected a dict, got {type(fields).__name__}")
     unknown = sorted(set(fields) - set(EXECUTION_COLUMNS))
     if unknown:
-        raise LedgerError(f"execution fields: unknown {unknown} "
-                          f"(expected some of {sorted(set(EXECUTION_COLUMNS) - LEDGER_SET)})")
+        raise LedgerError(
+            f"execution fields: unknown {unknown} (expected some of {sorted(set(EXECUTION_COLUMNS) - LEDGER_SET)})"
+        )
     reserved = sorted(set(fields) & LEDGER_SET)
     if reserved:
         raise LedgerError(f"execution fields: {reserved} are set by the ledger, not by the caller")
@@ -108,8 +110,11 @@ def decode_row(row: dict) -> dict:
 
 def row_digest(row: dict) -> str:
     """SHA-256 over the canonical JSON of every column but ``row_hash`` and ``signature``."""
-    body = {name: value for name, value in row.items()
-            if name not in ("row_hash", "signature") and (name in V1_EXECUTION_COLUMNS or value is not None)}
+    body = {
+        name: value
+        for name, value in row.items()
+        if name not in ("row_hash", "signature") and (name in V1_EXECUTION_COLUMNS or value is not None)
+    }
     return sha256_hex(canonical_json(body))
 
 

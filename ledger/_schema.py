@@ -9,15 +9,24 @@ edits an earlier one, because old ledgers were built by the old text.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 import sqlite_utils
 
-from ._errors import LedgerError
+from infrarsi.errors import LedgerError
 
-__all__ = ["SCHEMA_VERSION", "MIGRATIONS", "EXECUTION_COLUMNS", "V1_EXECUTION_COLUMNS", "STATUSES",
-           "LEDGER_SET", "migrate", "applied_versions", "utc_now"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "EXECUTION_COLUMNS",
+    "V1_EXECUTION_COLUMNS",
+    "STATUSES",
+    "LEDGER_SET",
+    "migrate",
+    "applied_versions",
+    "utc_now",
+]
 
 STATUSES = ("ok", "oom", "crash", "timeout", "rejected")
 
@@ -25,14 +34,33 @@ STATUSES = ("ok", "oom", "crash", "timeout", "rejected")
 # "json" (a Python value kept as canonical JSON text). A later migration that adds a column
 # adds it here too.
 EXECUTION_COLUMNS: dict[str, str] = {
-    "id": "int", "batch": "text", "kind": "text", "seq": "int", "created_at": "text",
-    "contract_hash": "text", "manifest_hash": "text",
-    "knobs": "json", "patches": "json", "sources": "json",
-    "status": "text", "detail": "text", "exit_code": "int",
-    "step_time_s": "real", "peak_mem_mb": "real", "device_s": "real", "wall_s": "real",
-    "receipts_hash": "text", "evidence_hash": "text", "stderr_tail": "text",
-    "llm_tokens": "int", "llm_cost": "real", "verdicts": "json", "rule_version": "text",
-    "prev_hash": "text", "row_hash": "text", "signature": "text",
+    "id": "int",
+    "batch": "text",
+    "kind": "text",
+    "seq": "int",
+    "created_at": "text",
+    "contract_hash": "text",
+    "manifest_hash": "text",
+    "knobs": "json",
+    "patches": "json",
+    "sources": "json",
+    "status": "text",
+    "detail": "text",
+    "exit_code": "int",
+    "step_time_s": "real",
+    "peak_mem_mb": "real",
+    "device_s": "real",
+    "wall_s": "real",
+    "receipts_hash": "text",
+    "evidence_hash": "text",
+    "stderr_tail": "text",
+    "llm_tokens": "int",
+    "llm_cost": "real",
+    "verdicts": "json",
+    "rule_version": "text",
+    "prev_hash": "text",
+    "row_hash": "text",
+    "signature": "text",
     "baseline_id": "int",  # v2: the baseline a judged execution was compared with
 }
 # The row hash always covers these, NULLs included; a column added later is covered only
@@ -44,25 +72,32 @@ LEDGER_SET = frozenset({"id", "created_at", "prev_hash", "row_hash", "signature"
 
 def utc_now() -> str:
     """ISO 8601 UTC with microseconds: the ledger's one timestamp format."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _append_only(db: sqlite_utils.Database, table: str) -> None:
     # Guards against accidents and careless tools, not against an attacker (who can drop
     # the triggers): tampering is what the hash chain and signatures are for.
     for action in ("UPDATE", "DELETE"):
-        db.execute(f"CREATE TRIGGER {table}_no_{action.lower()} BEFORE {action} ON {table} "
-                   f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END")
+        db.execute(
+            f"CREATE TRIGGER {table}_no_{action.lower()} BEFORE {action} ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+        )
 
 
 def _v1(db: sqlite_utils.Database) -> None:
     db["meta"].create({"key": str, "value": str}, pk="key")
-    db.execute("CREATE TRIGGER meta_public_key_fixed BEFORE UPDATE ON meta WHEN OLD.key = 'public_key' "
-               "BEGIN SELECT RAISE(ABORT, 'the ledger public key cannot change'); END")
-    db.execute("CREATE TRIGGER meta_public_key_kept BEFORE DELETE ON meta WHEN OLD.key = 'public_key' "
-               "BEGIN SELECT RAISE(ABORT, 'the ledger public key cannot be removed'); END")
-    db["blobs"].create({"hash": str, "kind": str, "size": int, "data": bytes}, pk="hash",
-                       not_null={"kind", "size", "data"})
+    db.execute(
+        "CREATE TRIGGER meta_public_key_fixed BEFORE UPDATE ON meta WHEN OLD.key = 'public_key' "
+        "BEGIN SELECT RAISE(ABORT, 'the ledger public key cannot change'); END"
+    )
+    db.execute(
+        "CREATE TRIGGER meta_public_key_kept BEFORE DELETE ON meta WHEN OLD.key = 'public_key' "
+        "BEGIN SELECT RAISE(ABORT, 'the ledger public key cannot be removed'); END"
+    )
+    db["blobs"].create(
+        {"hash": str, "kind": str, "size": int, "data": bytes}, pk="hash", not_null={"kind", "size", "data"}
+    )
     _append_only(db, "blobs")
     # Explicit DDL: sqlite-utils cannot declare AUTOINCREMENT or CHECK constraints.
     statuses = ", ".join(f"'{s}'" for s in STATUSES)
@@ -85,8 +120,10 @@ def _v1(db: sqlite_utils.Database) -> None:
     db["executions"].create_index(["kind"])
     _append_only(db, "executions")
     # One row, id 1: the signed count and last row hash, so cutting trailing rows shows.
-    db.execute("CREATE TABLE head (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL, "
-               "row_hash TEXT NOT NULL, signature TEXT NOT NULL)")
+    db.execute(
+        "CREATE TABLE head (id INTEGER PRIMARY KEY CHECK (id = 1), count INTEGER NOT NULL, "
+        "row_hash TEXT NOT NULL, signature TEXT NOT NULL)"
+    )
     db.execute("""
         CREATE TABLE baselines (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -124,8 +161,10 @@ def migrate(db: sqlite_utils.Database, where: str) -> list[int]:
             db["migrations"].create({"version": int, "applied_at": str}, pk="version", if_not_exists=True)
             done = applied_versions(db)
             if done and done[-1] > SCHEMA_VERSION:
-                raise LedgerError(f"{where}: written by a newer InfraRSI (schema version {done[-1]}; "
-                                  f"this one knows up to {SCHEMA_VERSION}): upgrade InfraRSI to open it")
+                raise LedgerError(
+                    f"{where}: written by a newer InfraRSI (schema version {done[-1]}; "
+                    f"this one knows up to {SCHEMA_VERSION}): upgrade InfraRSI to open it"
+                )
             if version not in done:
                 migration(db)
                 db["migrations"].insert({"version": version, "applied_at": utc_now()})

@@ -27,8 +27,7 @@ class ChainReport:
     detail: str
 
 
-def verify_chain(conn: sqlite3.Connection, stored_public: str | None,
-                 trusted_public: str | None = None) -> ChainReport:
+def verify_chain(conn: sqlite3.Connection, stored_public: str | None, trusted_public: str | None = None) -> ChainReport:
     """Walk ``executions`` in id order, one row at a time, then check the head."""
     if trusted_public is None and stored_public is None:
         return ChainReport(False, 0, None, "no public key stored in meta: the ledger cannot be verified")
@@ -37,9 +36,13 @@ def verify_chain(conn: sqlite3.Connection, stored_public: str | None,
     if trusted_public is not None and trusted_public != stored_public:
         # Re-signing everything with another key makes a self-consistent ledger; only a
         # key the verifier trusts from elsewhere (the manifest, a published hex) shows it.
-        return ChainReport(False, report.rows, report.first_bad,
-                           f"key swapped: the ledger stores public key {str(stored_public)[:16]}..., "
-                           f"not the trusted {trusted_public[:16]}...; {report.detail}")
+        return ChainReport(
+            False,
+            report.rows,
+            report.first_bad,
+            f"key swapped: the ledger stores public key {str(stored_public)[:16]}..., "
+            f"not the trusted {trusted_public[:16]}...; {report.detail}",
+        )
     return report
 
 
@@ -51,19 +54,29 @@ def _walk(conn: sqlite3.Connection, key: str) -> ChainReport:
         row = dict(zip(names, values))
         expected = verified + 1
         if row["id"] != expected:
-            return ChainReport(False, verified, expected,
-                               f"execution {expected} is missing: id {row['id']} follows "
-                               f"{'the start' if expected == 1 else f'id {expected - 1}'}")
+            return ChainReport(
+                False,
+                verified,
+                expected,
+                f"execution {expected} is missing: id {row['id']} follows "
+                f"{'the start' if expected == 1 else f'id {expected - 1}'}",
+            )
         if row_digest(row) != row["row_hash"]:
-            return ChainReport(False, verified, expected,
-                               f"execution {expected}: contents do not match its row_hash (edited or moved)")
+            return ChainReport(
+                False, verified, expected, f"execution {expected}: contents do not match its row_hash (edited or moved)"
+            )
         if row["prev_hash"] != prev_hash:
-            return ChainReport(False, verified, expected,
-                               f"execution {expected}: prev_hash does not link to "
-                               f"{'the genesis hash' if expected == 1 else f'execution {expected - 1}'}")
+            return ChainReport(
+                False,
+                verified,
+                expected,
+                f"execution {expected}: prev_hash does not link to "
+                f"{'the genesis hash' if expected == 1 else f'execution {expected - 1}'}",
+            )
         if not verify_signature(key, row["row_hash"].encode(), row["signature"]):
-            return ChainReport(False, verified, expected,
-                               f"execution {expected}: signature does not verify with key {key[:16]}...")
+            return ChainReport(
+                False, verified, expected, f"execution {expected}: signature does not verify with key {key[:16]}..."
+            )
         prev_hash, verified = row["row_hash"], expected
     return _check_head(conn, key, verified, prev_hash)
 
@@ -76,13 +89,21 @@ def _check_head(conn: sqlite3.Connection, key: str, rows: int, last_hash: str) -
     if not verify_signature(key, head_body(count, head_hash), signature):
         return ChainReport(False, rows, None, f"the head's signature does not verify with key {key[:16]}...")
     if count > rows:
-        return ChainReport(False, rows, rows + 1,
-                           f"the signed head records {count} executions, only {rows} are present: "
-                           f"executions {rows + 1}..{count} were deleted")
+        return ChainReport(
+            False,
+            rows,
+            rows + 1,
+            f"the signed head records {count} executions, only {rows} are present: "
+            f"executions {rows + 1}..{count} were deleted",
+        )
     if count < rows:
-        return ChainReport(False, count, count + 1,
-                           f"the signed head records {count} executions, {rows} are present: "
-                           f"executions {count + 1}..{rows} are not covered by the head")
+        return ChainReport(
+            False,
+            count,
+            count + 1,
+            f"the signed head records {count} executions, {rows} are present: "
+            f"executions {count + 1}..{rows} are not covered by the head",
+        )
     if head_hash != last_hash:
         return ChainReport(False, rows, None, "the head's row_hash is not the last execution's row_hash")
     return ChainReport(True, rows, None, f"{rows} executions verified")

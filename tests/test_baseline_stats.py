@@ -8,8 +8,8 @@ import json
 import pytest
 
 from infrarsi._baseline import summarise
-from infrarsi._candidate import Candidate
-from infrarsi._runner import ExecutionResult
+from infrarsi.contract._candidate import Candidate
+from infrarsi.runner._executor import ExecutionResult
 
 WARMUP, MEASURE = 1, 3
 
@@ -20,21 +20,40 @@ def run(step_ms: list[float], losses: list[float], peak_mb: float) -> ExecutionR
     t = 10**9
     for step, (ms, loss) in enumerate(zip(step_ms, losses), start=1):
         t1 = t + int(ms * 1e6)
-        lines.append(json.dumps({"type": "step", "step": step, "t0_ns": t, "t1_ns": t1, "tokens": 64,
-                                 "loss": loss, "grad_norm": 1.0 + step, "peak_mem_bytes": 1}))
+        lines.append(
+            json.dumps(
+                {
+                    "type": "step",
+                    "step": step,
+                    "t0_ns": t,
+                    "t1_ns": t1,
+                    "tokens": 64,
+                    "loss": loss,
+                    "grad_norm": 1.0 + step,
+                    "peak_mem_bytes": 1,
+                }
+            )
+        )
         t = t1 + 1000
     lines.append(json.dumps({"type": "end", "t_ns": t}))
-    measured = sorted(step_ms[WARMUP:WARMUP + MEASURE])[MEASURE // 2] / 1000
-    periods = [ms / 1000 for ms in step_ms[WARMUP:WARMUP + MEASURE]]  # the runner's periods, as it records them
-    return ExecutionResult(Candidate(knobs={"mode": "ok"}), "ok", step_time_s=measured, peak_mem_mb=peak_mb,
-                           receipts=("\n".join(lines) + "\n").encode(),
-                           evidence={"timing": {"clock": "runner", "periods_s": periods}})
+    measured = sorted(step_ms[WARMUP : WARMUP + MEASURE])[MEASURE // 2] / 1000
+    periods = [ms / 1000 for ms in step_ms[WARMUP : WARMUP + MEASURE]]  # the runner's periods, as it records them
+    return ExecutionResult(
+        Candidate(knobs={"mode": "ok"}),
+        "ok",
+        step_time_s=measured,
+        peak_mem_mb=peak_mb,
+        receipts=("\n".join(lines) + "\n").encode(),
+        evidence={"timing": {"clock": "runner", "periods_s": periods}},
+    )
 
 
 def test_baseline_statistics_from_known_step_times():
-    results = [run([500, 99, 100, 101], [4.0, 3.0, 2.0, 1.0], 300.0),
-               run([500, 120, 120, 121], [4.0, 3.2, 2.0, 1.0], 310.0),
-               run([500, 110, 109, 111], [4.0, 3.1, 2.0, 1.5], 305.0)]
+    results = [
+        run([500, 99, 100, 101], [4.0, 3.0, 2.0, 1.0], 300.0),
+        run([500, 120, 120, 121], [4.0, 3.2, 2.0, 1.0], 310.0),
+        run([500, 110, 109, 111], [4.0, 3.1, 2.0, 1.5], 305.0),
+    ]
     summary = summarise(results, [1, 2, 3], WARMUP, MEASURE, peak_tflops=0.1)
     # Run medians 0.100, 0.120, 0.110 s: the warm-up step (500 ms) is outside the window.
     assert summary.run_step_times_s == pytest.approx([0.100, 0.120, 0.110])
@@ -62,14 +81,27 @@ def test_the_reference_run_gives_each_steps_parameter_gradients_and_operators():
     from infrarsi._baseline import _sampled_spread, observed_reference
     from infrarsi.verifiers import BaselineReference
 
-    lines = [json.dumps({"type": "meta"}),
-             json.dumps({"type": "step", "step": 1, "loss": 2.0, "ops": ["mm:float32"],
-                         "grads": {"w": 0.5, "b": None}, "grad_min_rows": {"w": 0.1}}),
-             json.dumps({"type": "step", "step": 2, "loss": 1.9}),  # a step without observations
-             json.dumps({"type": "step", "step": 3, "ops": ["addmm:float32"], "grads": {"w": 0.25}})]
+    lines = [
+        json.dumps({"type": "meta"}),
+        json.dumps(
+            {
+                "type": "step",
+                "step": 1,
+                "loss": 2.0,
+                "ops": ["mm:float32"],
+                "grads": {"w": 0.5, "b": None},
+                "grad_min_rows": {"w": 0.1},
+            }
+        ),
+        json.dumps({"type": "step", "step": 2, "loss": 1.9}),  # a step without observations
+        json.dumps({"type": "step", "step": 3, "ops": ["addmm:float32"], "grads": {"w": 0.25}}),
+    ]
     found = observed_reference(("\n".join(lines) + "\n").encode())
-    assert found == {"param_grad_norms": {"1": {"w": 0.5, "b": None}, "3": {"w": 0.25}},
-                     "param_grad_min_rows": {"1": {"w": 0.1}}, "ops": {"1": ["mm:float32"], "3": ["addmm:float32"]}}
+    assert found == {
+        "param_grad_norms": {"1": {"w": 0.5, "b": None}, "3": {"w": 0.25}},
+        "param_grad_min_rows": {"1": {"w": 0.1}},
+        "ops": {"1": ["mm:float32"], "3": ["addmm:float32"]},
+    }
     # As the ledger stores it (JSON keys), as the verifiers read it (step numbers).
     reference = BaselineReference.from_summary({"reference": json.loads(json.dumps(found))})
     assert reference.param_grad_norms == {1: {"w": 0.5, "b": None}, 3: {"w": 0.25}}

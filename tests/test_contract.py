@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from infrarsi import ContractError, load_contract
-from infrarsi._contract import parse_contract
+from infrarsi.contract._contract import parse_contract
 
 GOOD = """\
 [task]
@@ -89,36 +88,44 @@ def test_good_contract_parses_into_typed_objects(workspace):
 
 ERRORS = [
     # (replace this, with this, key named in the error, words expected in the message)
-    ('timeout_s = 60', 'timeout_s = 60\ncolour = "red"', "task.colour", "unknown key"),
-    ('[timing]', '[timings]\nx = 1\n[timing]', "timings", "unknown section"),
-    ('timeout_s = 60', 'timeout_s = "60"', "task.timeout_s", "expected a finite number"),
-    ('warmup_steps = 2', 'warmup_steps = 2.5', "timing.warmup_steps", "expected an integer"),
-    ('warmup_steps = 2', 'warmup_steps = true', "timing.warmup_steps", "expected an integer"),
-    ('measure_steps = 5', 'measure_steps = 0', "timing.measure_steps", ">= 1"),
-    ('timeout_s = 60', 'timeout_s = -1', "task.timeout_s", "> 0"),
+    ("timeout_s = 60", 'timeout_s = 60\ncolour = "red"', "task.colour", "unknown key"),
+    ("[timing]", "[timings]\nx = 1\n[timing]", "timings", "unknown section"),
+    ("timeout_s = 60", 'timeout_s = "60"', "task.timeout_s", "expected a finite number"),
+    ("warmup_steps = 2", "warmup_steps = 2.5", "timing.warmup_steps", "expected an integer"),
+    ("warmup_steps = 2", "warmup_steps = true", "timing.warmup_steps", "expected an integer"),
+    ("measure_steps = 5", "measure_steps = 0", "timing.measure_steps", ">= 1"),
+    ("timeout_s = 60", "timeout_s = -1", "task.timeout_s", "> 0"),
     ('baseline = "manual"', 'baseline = "flash"', "knobs.attention.baseline", "one of the choices"),
     ('flag = "--attention"', 'flag = "--attention"\nenv = "ATT"', "knobs.attention", "both"),
-    ('flag = "--attention"\n', '', "knobs.attention", "neither"),
+    ('flag = "--attention"\n', "", "knobs.attention", "neither"),
     ('env = "TOY_COMPILE"', 'env = "INFRARSI_STEPS"', "knobs.compile.env", "INFRARSI_"),
     ('flag = "--micro-batch"', 'flag = "--attention"', "knobs.micro_batch.flag", "already set"),
-    ('choices = ["0", "1"]', 'choices = []', "knobs.compile.choices", "non-empty"),
+    ('choices = ["0", "1"]', "choices = []", "knobs.compile.choices", "non-empty"),
     ('choices = ["0", "1"]', 'choices = ["0", "0"]', "knobs.compile.choices", "distinct"),
     ('file = "patches/fast.diff"', 'file = "patches/missing.diff"', "patches.file", "no such file"),
     ('file = "patches/fast.diff"', 'file = "../outside.diff"', "patches.file", "leaves the workspace"),
-    ('protected = ["data/**", "eval.py"]', 'protected = ["data/**", "model.py"]', "scope.protected",
-     "both editable and protected"),
+    (
+        'protected = ["data/**", "eval.py"]',
+        'protected = ["data/**", "model.py"]',
+        "scope.protected",
+        "both editable and protected",
+    ),
     ('protected = ["data/**", "eval.py"]', 'protected = ["*.py"]', "scope.protected", "can't be both"),
     ('editable = ["model.py", "train.py"]', 'editable = ["*.toml"]', "scope.editable", "always protected"),
     ('editable = ["model.py", "train.py"]', 'editable = ["/etc/passwd"]', "scope.editable", "absolute"),
     ('precision = ["fp32"]', 'precision = ["fp31"]', "numerics.precision", "one of fp32"),
-    ('loss_rtol = 1e-3', 'loss_rtol = 1e-3\nrequire = ["loss", "vibes"]', "numerics.require", "one of loss"),
-    ('peak_tflops = 0.5\n', '', "resources.peak_tflops", "missing required key"),
-    ('command = ["python", "train.py"]', 'command = []', "task.command", "non-empty"),
+    ("loss_rtol = 1e-3", 'loss_rtol = 1e-3\nrequire = ["loss", "vibes"]', "numerics.require", "one of loss"),
+    ("peak_tflops = 0.5\n", "", "resources.peak_tflops", "missing required key"),
+    ('command = ["python", "train.py"]', "command = []", "task.command", "non-empty"),
     ('command = ["python", "train.py"]', 'command = "python train.py"', "task.command", "list of strings"),
-    ('timeout_s = 60', 'timeout_s = 60\nevidence = "log"', "[evidence.log]", "needs an [evidence.log]"),
-    ('timeout_s = 60', 'timeout_s = 60\nevidence = "magic"', "task.evidence", "one of probe"),
-    ('file = "patches/fast.diff"', 'file = "patches/fast.diff"\n[[patches]]\nname = "fast"\nfile = "patches/fast.diff"', "patches.name",
-     "duplicate"),
+    ("timeout_s = 60", 'timeout_s = 60\nevidence = "log"', "[evidence.log]", "needs an [evidence.log]"),
+    ("timeout_s = 60", 'timeout_s = 60\nevidence = "magic"', "task.evidence", "one of probe"),
+    (
+        'file = "patches/fast.diff"',
+        'file = "patches/fast.diff"\n[[patches]]\nname = "fast"\nfile = "patches/fast.diff"',
+        "patches.name",
+        "duplicate",
+    ),
 ]
 
 
@@ -135,7 +142,7 @@ def test_every_contract_error_names_file_key_and_expectation(workspace, old, new
 
 
 def test_error_carries_the_line_of_the_key(workspace):
-    text = GOOD.replace('measure_steps = 5', 'measure_steps = 0')
+    text = GOOD.replace("measure_steps = 5", "measure_steps = 0")
     path = write(workspace, text)
     with pytest.raises(ContractError) as info:
         load_contract(path)
@@ -145,7 +152,7 @@ def test_error_carries_the_line_of_the_key(workspace):
 
 
 def test_log_evidence_patterns_are_validated(workspace):
-    base = GOOD.replace('timeout_s = 60', 'timeout_s = 60\nevidence = "log"')
+    base = GOOD.replace("timeout_s = 60", 'timeout_s = 60\nevidence = "log"')
     ok = load_contract(write(workspace, base + "\n[evidence.log]\nstep = 'iter (\\d+)'\nloss = 'loss ([0-9.]+)'\n"))
     assert ok.log_patterns == {"step": r"iter (\d+)", "loss": "loss ([0-9.]+)"}
     with pytest.raises(ContractError, match="exactly one capture group"):
@@ -156,7 +163,7 @@ def test_log_evidence_patterns_are_validated(workspace):
 
 def test_auto_evidence_needs_a_python_script(workspace):
     text = GOOD.replace('command = ["python", "train.py"]', 'command = ["bash", "run.sh"]')
-    text = text.replace('timeout_s = 60', 'timeout_s = 60\nevidence = "auto"')
+    text = text.replace("timeout_s = 60", 'timeout_s = 60\nevidence = "auto"')
     with pytest.raises(ContractError, match='evidence = "auto" needs'):
         load_contract(write(workspace, text))
 
@@ -173,8 +180,9 @@ def test_invalid_toml_and_missing_file(workspace):
 
 def test_cli_reports_a_contract_error_with_exit_2_and_no_traceback(workspace):
     path = write(workspace, GOOD.replace('baseline = "manual"', 'baseline = "flash"'))
-    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "init", "--contract", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "init", "--contract", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "knobs.attention.baseline" in proc.stderr and "infrarsi.toml" in proc.stderr
@@ -182,7 +190,9 @@ def test_cli_reports_a_contract_error_with_exit_2_and_no_traceback(workspace):
 
 _toml_values = st.recursive(
     st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=8)),
-    lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+    lambda inner: st.lists(inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -191,13 +201,31 @@ def near_contracts(draw) -> str:
     lines = GOOD.splitlines()
     for _ in range(draw(st.integers(0, 4))):
         index = draw(st.integers(0, len(lines)))
-        key = draw(st.sampled_from(["name", "command", "timeout_s", "flag", "env", "choices", "baseline",
-                                    "editable", "protected", "warmup_steps", "measure_steps", "precision",
-                                    "require", "file", "memory_limit_mb", "x"]))
+        key = draw(
+            st.sampled_from(
+                [
+                    "name",
+                    "command",
+                    "timeout_s",
+                    "flag",
+                    "env",
+                    "choices",
+                    "baseline",
+                    "editable",
+                    "protected",
+                    "warmup_steps",
+                    "measure_steps",
+                    "precision",
+                    "require",
+                    "file",
+                    "memory_limit_mb",
+                    "x",
+                ]
+            )
+        )
         value = draw(_toml_values)
         rendered = repr(value).replace("True", "true").replace("False", "false").replace("'", '"')
-        lines.insert(index, draw(st.sampled_from([f"{key} = {rendered}", f"[{key}]", f"[[{key}]]",
-                                                  f"[knobs.{key}]"])))
+        lines.insert(index, draw(st.sampled_from([f"{key} = {rendered}", f"[{key}]", f"[[{key}]]", f"[knobs.{key}]"])))
     return "\n".join(lines)
 
 
@@ -215,7 +243,7 @@ def test_arbitrary_toml_never_tracebacks(workspace, text):
 def test_contract_reference_is_generated_from_the_schema():
     from pathlib import Path
 
-    from infrarsi._docs import contract_reference
+    from infrarsi.contract._reference import contract_reference
 
     doc = Path(__file__).parent.parent / "docs" / "contract.md"
-    assert doc.read_text() == contract_reference(), "run: python -m infrarsi._docs > docs/contract.md"
+    assert doc.read_text() == contract_reference(), "run: python -m infrarsi.contract._reference > docs/contract.md"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from infrarsi._environment import is_secret, workload_env
-from infrarsi._globs import matches
-from infrarsi._patch import PatchParseError, parse_patch
+from infrarsi._patch import parse_patch
+from infrarsi.contract._globs import matches
+from infrarsi.errors import PatchParseError
+from infrarsi.runner._environment import is_secret, workload_env
 
 GIT_DIFF = """\
 diff --git a/model.py b/model.py
@@ -38,8 +38,12 @@ rename to eval2.py
 
 def test_git_diff_changes():
     changes = parse_patch(GIT_DIFF)
-    assert [(c.old, c.new) for c in changes] == [("model.py", "model.py"), (None, "new.py"),
-                                                 ("data/old.bin", None), ("eval.py", "eval2.py")]
+    assert [(c.old, c.new) for c in changes] == [
+        ("model.py", "model.py"),
+        (None, "new.py"),
+        ("data/old.bin", None),
+        ("eval.py", "eval2.py"),
+    ]
     assert changes[1].created and changes[2].deleted and changes[2].binary and changes[3].rename
     assert not changes[0].binary and changes[0].paths == ("model.py",)
 
@@ -55,11 +59,28 @@ def test_not_a_diff():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.text(max_size=40),
-                          st.sampled_from(["--- a/x.py", "+++ b/x.py", "diff --git a/x b/y", "--- /dev/null",
-                                           "+++ /dev/null", "new file mode 100644", "rename from q",
-                                           "GIT binary patch", "@@ -1 +1 @@", '--- "a/sp ace"'])),
-                max_size=30))
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.sampled_from(
+                [
+                    "--- a/x.py",
+                    "+++ b/x.py",
+                    "diff --git a/x b/y",
+                    "--- /dev/null",
+                    "+++ /dev/null",
+                    "new file mode 100644",
+                    "rename from q",
+                    "GIT binary patch",
+                    "@@ -1 +1 @@",
+                    '--- "a/sp ace"',
+                ]
+            ),
+        ),
+        max_size=30,
+    )
+)
 def test_parse_patch_never_tracebacks(lines):
     try:
         changes = parse_patch("\n".join(lines))
@@ -68,27 +89,53 @@ def test_parse_patch_never_tracebacks(lines):
     assert changes and all(c.paths for c in changes)
 
 
-@pytest.mark.parametrize("path,glob,expected", [
-    ("data/train.bin", "data/**", True), ("data/a/b/c.bin", "data/**", True), ("datax/a", "data/**", False),
-    ("model.py", "*.py", True), ("pkg/model.py", "*.py", False), ("pkg/model.py", "**/*.py", True),
-    ("model.py", "**/*.py", True), ("eval.py", "eval.py", True), ("eval.pyc", "eval.py", False),
-    ("a/x1.py", "a/x?.py", True), ("a.b", "a?b", True), ("a/b", "a?b", False),
-])
+@pytest.mark.parametrize(
+    "path,glob,expected",
+    [
+        ("data/train.bin", "data/**", True),
+        ("data/a/b/c.bin", "data/**", True),
+        ("datax/a", "data/**", False),
+        ("model.py", "*.py", True),
+        ("pkg/model.py", "*.py", False),
+        ("pkg/model.py", "**/*.py", True),
+        ("model.py", "**/*.py", True),
+        ("eval.py", "eval.py", True),
+        ("eval.pyc", "eval.py", False),
+        ("a/x1.py", "a/x?.py", True),
+        ("a.b", "a?b", True),
+        ("a/b", "a?b", False),
+    ],
+)
 def test_globs(path, glob, expected):
     assert matches(path, glob) is expected
 
 
 def test_secret_names():
-    for name in ("OPENAI_API_KEY", "AWS_ACCESS_KEY_ID", "GITHUB_TOKEN", "X_SECRET", "HF_TOKEN", "DB_PASSWORD",
-                 "INFRARSI_KEY", "ANTHROPIC_API_KEY", "MY_AUTH_HEADER"):
+    for name in (
+        "OPENAI_API_KEY",
+        "AWS_ACCESS_KEY_ID",
+        "GITHUB_TOKEN",
+        "X_SECRET",
+        "HF_TOKEN",
+        "DB_PASSWORD",
+        "INFRARSI_KEY",
+        "ANTHROPIC_API_KEY",
+        "MY_AUTH_HEADER",
+    ):
         assert is_secret(name), name
     for name in ("PATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LANG"):
         assert not is_secret(name), name
 
 
 def test_workload_env_is_an_allowlist():
-    parent = {"PATH": "/bin", "RANDOM_THING": "1", "OPENAI_API_KEY": "k", "TORCH_API_KEY": "k",
-              "OMP_NUM_THREADS": "2", "HOME": "/root"}
+    parent = {
+        "PATH": "/bin",
+        "RANDOM_THING": "1",
+        "OPENAI_API_KEY": "k",
+        "TORCH_API_KEY": "k",
+        "OMP_NUM_THREADS": "2",
+        "HOME": "/root",
+    }
     env = workload_env(parent, home="/sandbox/home", extra={"INFRARSI_STEPS": "30", "KNOB": "x"})
     assert env["PATH"] == "/bin" and env["OMP_NUM_THREADS"] == "2" and env["HOME"] == "/sandbox/home"
     assert "RANDOM_THING" not in env and "OPENAI_API_KEY" not in env and "TORCH_API_KEY" not in env

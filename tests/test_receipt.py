@@ -6,17 +6,24 @@ import json
 
 import pytest
 
+from infrarsi._policy import REQUIRED_CHECKS, required_checks
 from infrarsi._receipt import verify_receipt
-from infrarsi._verify import REQUIRED_CHECKS, required_checks
 from infrarsi.ledger import KeyPair, canonical_json, sha256_hex
 
 
 def _write(path, checks, required=REQUIRED_CHECKS, key=None):
     key = key or KeyPair.generate()
-    body = {"checks": checks, "required_checks": list(required), "public_key": key.public_hex,
-            "ab": {"baseline_s": [1.0] * 5, "candidate_s": [0.5] * 5}}
-    path.write_text(json.dumps({"id": sha256_hex(canonical_json(body))[:16], "receipt": body,
-                                "signature": key.sign(canonical_json(body))}))
+    body = {
+        "checks": checks,
+        "required_checks": list(required),
+        "public_key": key.public_hex,
+        "ab": {"baseline_s": [1.0] * 5, "candidate_s": [0.5] * 5},
+    }
+    path.write_text(
+        json.dumps(
+            {"id": sha256_hex(canonical_json(body))[:16], "receipt": body, "signature": key.sign(canonical_json(body))}
+        )
+    )
     return path
 
 
@@ -29,8 +36,11 @@ def test_complete_receipt_verifies(tmp_path):
 
 
 def test_a_check_the_contract_did_not_require_may_be_skipped(tmp_path):
-    path = _write(tmp_path / "r.json", _checks(**{"numerics.grad_norm": "skipped"}),
-                  required=required_checks(["loss", "precision"]))
+    path = _write(
+        tmp_path / "r.json",
+        _checks(**{"numerics.grad_norm": "skipped"}),
+        required=required_checks(["loss", "precision"]),
+    )
     assert verify_receipt(path).ok
 
 

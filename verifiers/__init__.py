@@ -3,19 +3,51 @@
 from ._evidence import BaselineReference, RunEvidence, StepRecord, steps_from_lines
 from ._integrity import check_containment, check_manifest, check_run_integrity
 from ._judge import RULE_VERSION, Rules, judge_run
-from ._numerics import check_precision, check_trajectory, compare_param_grads, observed_precisions
+from ._numerics import check_trajectory, compare_param_grads
+from ._precision import check_precision, observed_precisions
 from ._result import FAMILIES, STATUSES, CheckResult
 from ._scope import check_scope
-from ._stats import (SpeedupEstimate, ab_order, baseline_drift, check_speedup, estimate_speedup,
-                     min_detectable_speedup)
-from ._timing import (CLOCK_LATENCY_NS, CLOCK_SPAN_RTOL, check_clock, check_window, region_share, runner_step_time,
-                      window_periods)
+from ._stats import SpeedupEstimate, ab_order, baseline_drift, check_speedup, estimate_speedup, min_detectable_speedup
+from ._timing import (
+    CLOCK_LATENCY_NS,
+    CLOCK_SPAN_RTOL,
+    check_clock,
+    check_window,
+    region_share,
+    runner_step_time,
+    window_periods,
+)
 
 __all__ = [
-    "BaselineReference", "RunEvidence", "StepRecord", "steps_from_lines",
-    "check_containment", "check_manifest", "check_run_integrity", "RULE_VERSION", "Rules", "judge_run",
-    "check_precision", "check_trajectory", "compare_param_grads", "observed_precisions", "FAMILIES", "STATUSES", "CheckResult",
-    "check_scope", "SpeedupEstimate", "ab_order", "baseline_drift", "check_speedup", "estimate_speedup",
-    "min_detectable_speedup", "CLOCK_LATENCY_NS", "CLOCK_SPAN_RTOL", "check_clock", "check_window", "region_share",
-    "runner_step_time", "window_periods",
+    "BaselineReference",
+    "RunEvidence",
+    "StepRecord",
+    "steps_from_lines",
+    "check_containment",
+    "check_manifest",
+    "check_run_integrity",
+    "RULE_VERSION",
+    "Rules",
+    "judge_run",
+    "check_precision",
+    "check_trajectory",
+    "compare_param_grads",
+    "observed_precisions",
+    "FAMILIES",
+    "STATUSES",
+    "CheckResult",
+    "check_scope",
+    "SpeedupEstimate",
+    "ab_order",
+    "baseline_drift",
+    "check_speedup",
+    "estimate_speedup",
+    "min_detectable_speedup",
+    "CLOCK_LATENCY_NS",
+    "CLOCK_SPAN_RTOL",
+    "check_clock",
+    "check_window",
+    "region_share",
+    "runner_step_time",
+    "window_periods",
 ]

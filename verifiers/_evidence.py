@@ -53,16 +53,21 @@ class RunEvidence:
     ended_ns: int | None = None
     integrity: dict | None = None
     evidence_kind: str = "probe"
-    sampled_steps: tuple[int, ...] | None = None   # the runner's plan; None: recorded before sampling existed
+    sampled_steps: tuple[int, ...] | None = None  # the runner's plan; None: recorded before sampling existed
 
     @classmethod
     def from_stored(cls, receipt_lines: list[str], evidence: dict) -> "RunEvidence":
         """From receipt lines and the runner's evidence dict as the ledger keeps it."""
         sampled = evidence.get("sampled_steps")
-        return cls(receipt_lines=receipt_lines, arrivals_ns=evidence.get("arrivals_ns"),
-                   started_ns=evidence.get("started_ns"), ended_ns=evidence.get("ended_ns"),
-                   integrity=evidence.get("integrity"), evidence_kind=evidence.get("evidence_kind", "probe"),
-                   sampled_steps=tuple(sampled) if isinstance(sampled, list) else None)
+        return cls(
+            receipt_lines=receipt_lines,
+            arrivals_ns=evidence.get("arrivals_ns"),
+            started_ns=evidence.get("started_ns"),
+            ended_ns=evidence.get("ended_ns"),
+            integrity=evidence.get("integrity"),
+            evidence_kind=evidence.get("evidence_kind", "probe"),
+            sampled_steps=tuple(sampled) if isinstance(sampled, list) else None,
+        )
 
     @functools.cached_property
     def steps(self) -> list[StepRecord]:
@@ -86,17 +91,20 @@ class BaselineReference:
     param_grad_norms: dict[int, dict[str, float | None]] = field(default_factory=dict)
     param_grad_min_rows: dict[int, dict[str, float]] = field(default_factory=dict)
     ops: dict[int, list[str]] = field(default_factory=dict)
-    observed: bool = False   # a reference run observed every step (empty maps then: a job torch doesn't run)
+    observed: bool = False  # a reference run observed every step (empty maps then: a job torch doesn't run)
 
     @classmethod
     def from_summary(cls, summary: dict) -> "BaselineReference":
         reference = summary.get("reference") or {}
-        return cls(loss=list(reference.get("loss") or []), grad_norm=list(reference.get("grad_norm") or []),
-                   tokens_per_step=summary.get("tokens_per_step"),
-                   param_grad_norms=_by_step(reference.get("param_grad_norms"), dict),
-                   param_grad_min_rows=_by_step(reference.get("param_grad_min_rows"), dict),
-                   ops=_by_step(reference.get("ops"), list),
-                   observed=summary.get("reference_execution") is not None)
+        return cls(
+            loss=list(reference.get("loss") or []),
+            grad_norm=list(reference.get("grad_norm") or []),
+            tokens_per_step=summary.get("tokens_per_step"),
+            param_grad_norms=_by_step(reference.get("param_grad_norms"), dict),
+            param_grad_min_rows=_by_step(reference.get("param_grad_min_rows"), dict),
+            ops=_by_step(reference.get("ops"), list),
+            observed=summary.get("reference_execution") is not None,
+        )
 
 
 def _by_step(stored, kind: type) -> dict:

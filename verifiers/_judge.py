@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ._evidence import BaselineReference, RunEvidence
 from ._integrity import check_run_integrity
-from ._numerics import check_grad_norm, check_precision, check_trajectory
+from ._numerics import check_grad_norm, check_trajectory
+from ._precision import check_precision
 from ._result import CheckResult
 from ._timing import check_clock, check_window
 
@@ -31,8 +32,14 @@ class Rules:
     @classmethod
     def from_contract(cls, contract) -> "Rules":
         n = contract.numerics
-        return cls(contract.timing.warmup_steps, contract.timing.measure_steps, float(n.loss_rtol),
-                   float(n.grad_norm_rtol), tuple(n.precision), tuple(n.require))
+        return cls(
+            contract.timing.warmup_steps,
+            contract.timing.measure_steps,
+            float(n.loss_rtol),
+            float(n.grad_norm_rtol),
+            tuple(n.precision),
+            tuple(n.require),
+        )
 
 
 def judge_run(run: RunEvidence, reference: BaselineReference, rules: Rules) -> list[CheckResult]:
@@ -44,7 +51,6 @@ def judge_run(run: RunEvidence, reference: BaselineReference, rules: Rules) -> l
         check_window(run, rules.warmup_steps, rules.measure_steps, reference.tokens_per_step),
         check_clock(run, rules.warmup_steps, rules.measure_steps),
         check_trajectory("loss", steps, reference, rules.loss_rtol, total, "loss" in rules.require),
-        check_grad_norm(steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require,
-                        run.sampled_steps),
+        check_grad_norm(steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require, run.sampled_steps),
         check_precision(steps, list(rules.precision), "precision" in rules.require, run.sampled_steps, reference),
     ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from infrarsi._globs import matches_any
-from infrarsi._patch import PatchParseError, parse_patch
+from infrarsi._patch import parse_patch
+from infrarsi.contract import matches_any
+from infrarsi.errors import PatchParseError
 
 from ._result import CheckResult
 
@@ -16,8 +17,13 @@ def _bad_path(path: str) -> bool:
 
 def check_scope(patches: dict[str, str], editable: list[str], protected: list[str]) -> list[CheckResult]:
     """scope.parse, scope.binary, scope.editable, scope.created, scope.protected over all ``patches`` (name -> text)."""
-    results: dict[str, list[str]] = {"scope.parse": [], "scope.binary": [], "scope.editable": [],
-                                     "scope.created": [], "scope.protected": []}
+    results: dict[str, list[str]] = {
+        "scope.parse": [],
+        "scope.binary": [],
+        "scope.editable": [],
+        "scope.created": [],
+        "scope.protected": [],
+    }
     for name, text in patches.items():
         try:
             changes = parse_patch(text)
@@ -31,8 +37,15 @@ def check_scope(patches: dict[str, str], editable: list[str], protected: list[st
                 if _bad_path(path):
                     results["scope.editable"].append(f"{name}: {path} leaves the workspace")
                 elif matches_any(path, protected):
-                    what = ("deletes" if change.deleted else "renames" if change.rename
-                            else "creates" if change.created else "changes")
+                    what = (
+                        "deletes"
+                        if change.deleted
+                        else "renames"
+                        if change.rename
+                        else "creates"
+                        if change.created
+                        else "changes"
+                    )
                     results["scope.protected"].append(f"{name}: {what} protected {path}")
                 elif not matches_any(path, editable):
                     key = "scope.created" if change.created else "scope.editable"
@@ -40,9 +53,13 @@ def check_scope(patches: dict[str, str], editable: list[str], protected: list[st
                     results[key].append(f"{name}: {verb} {path}, outside editable ({', '.join(editable)})")
             if change.mode_change:
                 results["scope.editable"].append(f"{name}: changes the mode of {'/'.join(change.paths)}")
-    what = {"scope.parse": "every patch is a readable unified diff",
-            "scope.binary": "no binary changes", "scope.editable": "touches only editable files",
-            "scope.created": "creates no file outside editable", "scope.protected": "leaves protected files alone"}
+    what = {
+        "scope.parse": "every patch is a readable unified diff",
+        "scope.binary": "no binary changes",
+        "scope.editable": "touches only editable files",
+        "scope.created": "creates no file outside editable",
+        "scope.protected": "leaves protected files alone",
+    }
     out = []
     for check, problems in results.items():
         if problems:

@@ -192,8 +192,7 @@ def estimate_speedup(
     median = float(np.median(ratios))
     ci_low = min(math.exp(mean - half), median)
     ci_high = max(math.exp(mean + half), median)
-    return SpeedupEstimate(median=median, ci_low=ci_low, ci_high=ci_high, pairs=n,
-                           ratios=[float(r) for r in ratios])
+    return SpeedupEstimate(median=median, ci_low=ci_low, ci_high=ci_high, pairs=n, ratios=[float(r) for r in ratios])
 
 
 def min_detectable_speedup(cv: float, pairs: int, min_speedup: float, confidence: float = 0.95) -> float:
@@ -226,9 +225,11 @@ def baseline_drift(baseline_s: list[float], stored_median_s: float, stored_cv: f
     allowed = max(DRIFT_FLOOR, DRIFT_CV_MULTIPLE * (stored_cv or 0.0))
     if abs(math.log(arm / stored_median_s)) <= math.log1p(allowed):
         return None
-    return (f"the A/B's baseline runs took {arm:.4g} s a step (median), the stored baseline {stored_median_s:.4g} s: "
-            f"a drift of {arm / stored_median_s - 1:+.0%}, beyond the {allowed:.0%} its noise allows; "
-            "something changed the machine between runs (re-run `infrarsi baseline` on a quiet machine)")
+    return (
+        f"the A/B's baseline runs took {arm:.4g} s a step (median), the stored baseline {stored_median_s:.4g} s: "
+        f"a drift of {arm / stored_median_s - 1:+.0%}, beyond the {allowed:.0%} its noise allows; "
+        "something changed the machine between runs (re-run `infrarsi baseline` on a quiet machine)"
+    )
 
 
 def check_speedup(
@@ -252,8 +253,9 @@ def check_speedup(
     need = max(int(pairs_required), 2)
     missing = None
     if len(baseline_s) != len(candidate_s):
-        missing = (f"{len(baseline_s)} baseline times but {len(candidate_s)} candidate times;"
-                   " runs must come in complete pairs")
+        missing = (
+            f"{len(baseline_s)} baseline times but {len(candidate_s)} candidate times; runs must come in complete pairs"
+        )
     elif len(baseline_s) < need:
         missing = f"{len(baseline_s)} complete A/B pairs, {need} required"
     else:
@@ -262,10 +264,11 @@ def check_speedup(
         return CheckResult(cid, "unchecked", missing, base_ev), None
 
     est = estimate_speedup(baseline_s, candidate_s, confidence=confidence)
-    evidence = {**base_ev, "ratios": est.ratios, "median": est.median,
-                "ci_low": est.ci_low, "ci_high": est.ci_high}
-    summary = (f"speedup {est.median:.3f}x [{est.ci_low:.3f}, {est.ci_high:.3f}]"
-               f" ({confidence:.0%} one-sided bounds over {est.pairs} pairs)")
+    evidence = {**base_ev, "ratios": est.ratios, "median": est.median, "ci_low": est.ci_low, "ci_high": est.ci_high}
+    summary = (
+        f"speedup {est.median:.3f}x [{est.ci_low:.3f}, {est.ci_high:.3f}]"
+        f" ({confidence:.0%} one-sided bounds over {est.pairs} pairs)"
+    )
     drifted = baseline_drift(baseline_s, *stored) if stored else None
     if drifted:
         return CheckResult(cid, "unchecked", f"{summary}, not trusted: {drifted}", evidence), est

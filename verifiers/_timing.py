@@ -20,8 +20,16 @@ from __future__ import annotations
 from ._evidence import RunEvidence, first_per_step
 from ._result import CheckResult
 
-__all__ = ["check_window", "check_clock", "window_periods", "runner_step_time", "region_share",
-           "CLOCK_LATENCY_NS", "CLOCK_SPAN_RTOL", "BURST_FRACTION"]
+__all__ = [
+    "check_window",
+    "check_clock",
+    "window_periods",
+    "runner_step_time",
+    "region_share",
+    "CLOCK_LATENCY_NS",
+    "CLOCK_SPAN_RTOL",
+    "BURST_FRACTION",
+]
 
 # Reader wake-up latency allowed per line. The runner's reader thread competes with the
 # job for the CPU; on a loaded 2-core machine its latency stays under a few ms (see
@@ -96,12 +104,16 @@ def check_window(run: RunEvidence, warmup: int, measure: int, baseline_tokens: i
         dupes = sorted({n for n in numbers if numbers.count(n) > 1})
         missing = sorted(set(range(1, total + 1)) - set(numbers))
         extra = sorted(set(numbers) - set(range(1, total + 1)))
-        parts = ([f"repeated {dupes[:5]}"] if dupes else []) + ([f"missing {missing[:5]}"] if missing else []) \
+        parts = (
+            ([f"repeated {dupes[:5]}"] if dupes else [])
+            + ([f"missing {missing[:5]}"] if missing else [])
             + ([f"outside 1..{total}: {extra[:5]}"] if extra else [])
+        )
         if not parts:
             parts = ["out of order"]
-        return CheckResult("timing.window", "fail", f"steps must be 1..{total} each once, in order: "
-                           + "; ".join(parts))
+        return CheckResult(
+            "timing.window", "fail", f"steps must be 1..{total} each once, in order: " + "; ".join(parts)
+        )
     previous_t1 = None
     for s in steps:
         t0, t1 = s.get("t0_ns"), s.get("t1_ns")
@@ -115,12 +127,20 @@ def check_window(run: RunEvidence, warmup: int, measure: int, baseline_tokens: i
         previous_t1 = t1
     tokens = {s.get("tokens") for s in steps}
     if baseline_tokens is not None and tokens != {baseline_tokens}:
-        return CheckResult("timing.window", "fail", f"tokens per step {sorted(map(str, tokens))} differ from "
-                           f"the baseline's {baseline_tokens}: a different amount of work")
+        return CheckResult(
+            "timing.window",
+            "fail",
+            f"tokens per step {sorted(map(str, tokens))} differ from "
+            f"the baseline's {baseline_tokens}: a different amount of work",
+        )
     if baseline_tokens is None and tokens != {None}:
         return CheckResult("timing.window", "unchecked", "the baseline recorded no tokens per step to compare with")
-    return CheckResult("timing.window", "pass", f"steps 1..{total} once each, in order; measured "
-                       f"{warmup + 1}..{total}" + (f"; {baseline_tokens} tokens per step" if baseline_tokens else ""))
+    return CheckResult(
+        "timing.window",
+        "pass",
+        f"steps 1..{total} once each, in order; measured "
+        f"{warmup + 1}..{total}" + (f"; {baseline_tokens} tokens per step" if baseline_tokens else ""),
+    )
 
 
 def _bursts(run: RunEvidence, warmup: int, measure: int) -> CheckResult | None:
@@ -142,9 +162,13 @@ def _bursts(run: RunEvidence, warmup: int, measure: int) -> CheckResult | None:
     for i in range(1, measure + 1):
         elapsed = stamps[i] - stamps[0]
         if elapsed < BURST_FRACTION * i * mean - CLOCK_LATENCY_NS:
-            return CheckResult("timing.clock", "fail", f"{i} line(s) of the window arrived within "
-                               f"{elapsed / 1e6:.1f} ms of its start, against a mean period of {mean / 1e6:.1f} ms: "
-                               "receipt lines held back and released in a burst, not as the steps ended")
+            return CheckResult(
+                "timing.clock",
+                "fail",
+                f"{i} line(s) of the window arrived within "
+                f"{elapsed / 1e6:.1f} ms of its start, against a mean period of {mean / 1e6:.1f} ms: "
+                "receipt lines held back and released in a burst, not as the steps ended",
+            )
     return None
 
 
@@ -162,27 +186,42 @@ def check_clock(run: RunEvidence, warmup: int, measure: int) -> CheckResult:
         return CheckResult("timing.clock", "unchecked", "the measured window is not timed")
     for s in window:
         if s.get("t1_ns") > s.arrival_ns:
-            return CheckResult("timing.clock", "fail", f"step {s.step} claims to end "
-                               f"{(s.get('t1_ns') - s.arrival_ns) / 1e6:.1f} ms after its receipt arrived")
+            return CheckResult(
+                "timing.clock",
+                "fail",
+                f"step {s.step} claims to end {(s.get('t1_ns') - s.arrival_ns) / 1e6:.1f} ms after its receipt arrived",
+            )
         if run.started_ns is not None and s.get("t0_ns") < run.started_ns:
             return CheckResult("timing.clock", "fail", f"step {s.step} claims to start before the job did")
     for prev, s in zip(window, window[1:]):
         duration = s.get("t1_ns") - s.get("t0_ns")
         room = s.arrival_ns - prev.arrival_ns + CLOCK_LATENCY_NS
         if duration > room:
-            return CheckResult("timing.clock", "fail", f"step {s.step} took {duration / 1e6:.1f} ms by the probe, "
-                               f"but its receipt arrived {(s.arrival_ns - prev.arrival_ns) / 1e6:.1f} ms after "
-                               f"the previous one: receipt lines it did not earn")
+            return CheckResult(
+                "timing.clock",
+                "fail",
+                f"step {s.step} took {duration / 1e6:.1f} ms by the probe, "
+                f"but its receipt arrived {(s.arrival_ns - prev.arrival_ns) / 1e6:.1f} ms after "
+                f"the previous one: receipt lines it did not earn",
+            )
     probe_span = window[-1].get("t1_ns") - window[0].get("t1_ns")
     arrival_span = window[-1].arrival_ns - window[0].arrival_ns
     allowed = CLOCK_SPAN_RTOL * arrival_span + 2 * CLOCK_LATENCY_NS
     if abs(probe_span - arrival_span) > allowed:
-        return CheckResult("timing.clock", "fail", f"the probe's clock spans {probe_span / 1e6:.1f} ms over steps "
-                           f"{window[0].step}..{window[-1].step}, the runner's {arrival_span / 1e6:.1f} ms: "
-                           f"the job's clock is not the machine's",
-                           {"probe_span_ns": probe_span, "arrival_span_ns": arrival_span})
+        return CheckResult(
+            "timing.clock",
+            "fail",
+            f"the probe's clock spans {probe_span / 1e6:.1f} ms over steps "
+            f"{window[0].step}..{window[-1].step}, the runner's {arrival_span / 1e6:.1f} ms: "
+            f"the job's clock is not the machine's",
+            {"probe_span_ns": probe_span, "arrival_span_ns": arrival_span},
+        )
     share = region_share(run, warmup, measure)
-    return CheckResult("timing.clock", "pass", f"probe and runner clocks agree over the window "
-                       f"({probe_span / 1e6:.1f} vs {arrival_span / 1e6:.1f} ms)"
-                       + (f"; the probe's regions cover {share:.0%} of the runner's periods" if share else ""),
-                       {"probe_span_ns": probe_span, "arrival_span_ns": arrival_span, "region_share": share})
+    return CheckResult(
+        "timing.clock",
+        "pass",
+        f"probe and runner clocks agree over the window "
+        f"({probe_span / 1e6:.1f} vs {arrival_span / 1e6:.1f} ms)"
+        + (f"; the probe's regions cover {share:.0%} of the runner's periods" if share else ""),
+        {"probe_span_ns": probe_span, "arrival_span_ns": arrival_span, "region_share": share},
+    )

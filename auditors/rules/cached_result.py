@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from .._loop import loop_model
 from .._rule import AuditContext, Finding, Rule
 from .._source import SourceModel, dotted
 
@@ -27,7 +28,7 @@ class CachedResult(Rule):
     ]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
-        model = source.loop_model()
+        model = loop_model(source)
         assignments = model.work.loss_assignments()
         findings = []
         for op in model.ops:
@@ -37,15 +38,26 @@ class CachedResult(Rule):
             name = model.work.loss_name(op.node)
             computed = [s for s in assignments.get(name, []) if model.work.owner(s) is model.work.owner(op.node)]
             if loop is not None and computed and not any(source.inside(s, loop) for s in computed):
-                findings.append(self.finding(source, op.node, f"`{name}` is computed once, outside the loop, and "
-                                             "backward() reuses it every step"))
+                findings.append(
+                    self.finding(
+                        source,
+                        op.node,
+                        f"`{name}` is computed once, outside the loop, and backward() reuses it every step",
+                    )
+                )
         for op in model.ops:
             if op.kind not in ("loss", "forward"):
                 continue
             guard = self._memo_guard(source, op.node)
             if guard is not None:
-                findings.append(self.finding(source, op.node, f"`{source.code(op.node)}` runs only when "
-                                             f"`{source.code(guard.test)}`: computed once, reused after"))
+                findings.append(
+                    self.finding(
+                        source,
+                        op.node,
+                        f"`{source.code(op.node)}` runs only when "
+                        f"`{source.code(guard.test)}`: computed once, reused after",
+                    )
+                )
         return findings
 
     @staticmethod
@@ -62,7 +74,8 @@ class CachedResult(Rule):
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return True
         return isinstance(test, cst.Comparison) and any(
-            isinstance(c.operator, (cst.Is, cst.Equal)) for c in test.comparisons)
+            isinstance(c.operator, (cst.Is, cst.Equal)) for c in test.comparisons
+        )
 
     def _memo_guard(self, source: SourceModel, stmt: cst.CSTNode) -> cst.If | None:
         """An ``if X is None`` / ``if not X`` / ``if step == k`` that lets ``stmt`` run once and persist.
@@ -70,7 +83,9 @@ class CachedResult(Rule):
         It persists when the guard sits inside a loop (a local kept across iterations) or
         the result goes to an attribute or global (kept across calls of a step function).
         """
-        targets = [dotted(t.target) or "" for t in getattr(stmt, "targets", [])] or [dotted(getattr(stmt, "target", stmt)) or ""]
+        targets = [dotted(t.target) or "" for t in getattr(stmt, "targets", [])] or [
+            dotted(getattr(stmt, "target", stmt)) or ""
+        ]
         guard = None
         for a in source.ancestors(stmt):
             if isinstance(a, cst.If) and guard is None and not (a.orelse is not None and source.inside(stmt, a.orelse)):

@@ -6,7 +6,8 @@ import libcst as cst
 
 from .._rule import AuditContext, Finding, Rule
 from .._source import SourceModel, dotted, string_value
-from .._values import CLOCK_MODULES, DEVICE_CLOCKS, attribute_writes, is_clock, written_paths
+from .._values import CLOCK_MODULES, DEVICE_CLOCKS, is_clock
+from .._writes import attribute_writes, written_paths
 
 
 class ClockPatched(Rule):
@@ -38,26 +39,32 @@ class ClockPatched(Rule):
             if real.split(".")[0] in CLOCK_MODULES or real in DEVICE_CLOCKS:
                 clock_bindings.add(bound)
             elif bound in CLOCK_MODULES:
-                findings.append(self.finding(source, node, f"`{bound}` is imported from `{real}`, "
-                                             "not the standard clock module"))
+                findings.append(
+                    self.finding(source, node, f"`{bound}` is imported from `{real}`, not the standard clock module")
+                )
         for write in attribute_writes(source):
             if any(is_clock(path) for path in written_paths(source, write)):
                 what = f"`{source.code(write.obj)}.{write.attr or '<computed>'}`"
-                findings.append(self.finding(source, write.node, f"{what} is reassigned" if write.how == "assigned"
-                                             else f"{what} is patched ({write.how})"))
+                findings.append(
+                    self.finding(
+                        source,
+                        write.node,
+                        f"{what} is reassigned" if write.how == "assigned" else f"{what} is patched ({write.how})",
+                    )
+                )
         for node in source.of_type(cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
             target = node.target
             if isinstance(target, cst.Name) and target.value in clock_bindings:
                 findings.append(self.finding(source, node, f"`{target.value}` (a clock) is rebound"))
             elif isinstance(target, cst.Subscript) and dotted(target.value) == "sys.modules":
-                key = next((string_value(e.slice.value) for e in target.slice
-                            if isinstance(e.slice, cst.Index)), None)
+                key = next((string_value(e.slice.value) for e in target.slice if isinstance(e.slice, cst.Index)), None)
                 if key and key.split(".")[0] in ("time", "timeit", "torch"):
                     findings.append(self.finding(source, node, f"sys.modules[{key!r}] is replaced"))
         for node in source.of_type(cst.FunctionDef, cst.ClassDef):
             if node.name.value in clock_bindings:
-                findings.append(self.finding(source, node, f"`{node.name.value}` (a clock) is shadowed by a "
-                                             "definition"))
+                findings.append(
+                    self.finding(source, node, f"`{node.name.value}` (a clock) is shadowed by a definition")
+                )
         for call in source.of_type(cst.Call):  # monkeypatch.setattr("time.time", fake) and the like
             name = dotted(call.func)
             if name and name.split(".")[-1] == "setattr" and call.args:

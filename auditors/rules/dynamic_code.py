@@ -16,24 +16,73 @@ import libcst as cst
 
 from .._rule import AuditContext, Finding, Rule
 from .._source import SourceModel
-from .._values import (PROBE, bound_from, call_args, const_str, is_reference, last_name, namespace_of, object_paths,
-                       root_name, under)
+from .._values import (
+    PROBE,
+    bound_from,
+    call_args,
+    const_str,
+    is_reference,
+    last_name,
+    namespace_of,
+    object_paths,
+    root_name,
+    under,
+)
 
-_CODE = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__", "importlib.reload",
-         "importlib.util.spec_from_file_location", "importlib.util.spec_from_loader",
-         "importlib.util.module_from_spec", "importlib.machinery", "runpy", "types.FunctionType", "types.CodeType",
-         "marshal.loads", "code.InteractiveInterpreter", "code.InteractiveConsole", "code.interact")
+_CODE = (
+    "builtins.exec",
+    "builtins.eval",
+    "builtins.compile",
+    "builtins.__import__",
+    "importlib.reload",
+    "importlib.util.spec_from_file_location",
+    "importlib.util.spec_from_loader",
+    "importlib.util.module_from_spec",
+    "importlib.machinery",
+    "runpy",
+    "types.FunctionType",
+    "types.CodeType",
+    "marshal.loads",
+    "code.InteractiveInterpreter",
+    "code.InteractiveConsole",
+    "code.interact",
+)
 _MODULES = ("importlib", "runpy", "types", "marshal", "code", "builtins")
 _BUILTIN_CODE = {"exec", "eval", "compile", "__import__", "__builtins__"}
 _LOOKUP_NAMES = {"getattr", "hasattr", "__getattribute__", "attrgetter", "methodcaller"}
 # Modules whose attributes, looked up by a computed name, could be anything the job likes.
-_GUARDED = ("torch", "time", "timeit", "infrarsi", PROBE, "builtins", "sys", "gc", "inspect", "importlib", "os",
-            "ctypes")
+_GUARDED = (
+    "torch",
+    "time",
+    "timeit",
+    "infrarsi",
+    PROBE,
+    "builtins",
+    "sys",
+    "gc",
+    "inspect",
+    "importlib",
+    "os",
+    "ctypes",
+)
 # Lookups of a layer, activation, optimizer or scheduler class from a config.
-_CONFIG_LOOKUPS = {"torch.nn", "torch.nn.functional", "torch.nn.init", "torch.nn.modules", "torch.optim",
-                   "torch.optim.lr_scheduler", "torch.utils.data"}
-_LOOKUPS = ("builtins.getattr", "builtins.hasattr", "builtins.object.__getattribute__",
-            "builtins.type.__getattribute__", "operator.attrgetter", "operator.methodcaller")
+_CONFIG_LOOKUPS = {
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.nn.init",
+    "torch.nn.modules",
+    "torch.optim",
+    "torch.optim.lr_scheduler",
+    "torch.utils.data",
+}
+_LOOKUPS = (
+    "builtins.getattr",
+    "builtins.hasattr",
+    "builtins.object.__getattribute__",
+    "builtins.type.__getattribute__",
+    "operator.attrgetter",
+    "operator.methodcaller",
+)
 
 
 def _guarded(path: str) -> bool:
@@ -46,8 +95,10 @@ class DynamicCode(Rule):
     VALID = [
         "import torch\nstep_fn = torch.compile(model)\nimport re\npattern = re.compile(r'\\d+')\n",
         "import importlib\nlayers = importlib.import_module('models.layers')\n",
-        ("import torch\nopt = getattr(torch.optim, cfg.optimizer)(model.parameters(), lr=cfg.lr)\n"
-         "import torch.nn as nn\nact = getattr(nn, cfg.activation)()\n"),
+        (
+            "import torch\nopt = getattr(torch.optim, cfg.optimizer)(model.parameters(), lr=cfg.lr)\n"
+            "import torch.nn as nn\nact = getattr(nn, cfg.activation)()\n"
+        ),
         "import torch\nmatmul = getattr(torch, 'matmul')\nhas_mps = hasattr(torch.backends, 'mps')\n",
         "from ast import literal_eval\nvalue = literal_eval('3')\nsetattr(cfg, key, value)\n",
     ]
@@ -80,24 +131,33 @@ class DynamicCode(Rule):
             if isinstance(node, cst.Name) and node.value == "__builtins__":
                 findings.append(self.finding(source, node, "`__builtins__` hands out exec, eval and __import__"))
                 continue
-            hit = next((q for q in source.qnames(node) for ref in _CODE if q == ref or q.startswith(ref + ".")),
-                       None)
+            hit = next((q for q in source.qnames(node) for ref in _CODE if q == ref or q.startswith(ref + ".")), None)
             if hit is not None:
-                findings.append(self.finding(source, node, f"`{source.code(node)}` ({hit}) runs code the audit "
-                                             "can't read"))
+                findings.append(
+                    self.finding(source, node, f"`{source.code(node)}` ({hit}) runs code the audit can't read")
+                )
         for call in source.of_type(cst.Call):
             last = last_name(call.func)
             if last not in lookups and last not in ("import_module", "get", "__getitem__"):
                 continue
             args = call_args(call)
-            if last == "import_module" and source.resolves_to(call.func, "importlib.import_module") and args \
-                    and const_str(source, args[0]) is None:
-                findings.append(self.finding(source, call, f"`{source.code(call)}` imports a module by a name the "
-                                             "audit can't read"))
+            if (
+                last == "import_module"
+                and source.resolves_to(call.func, "importlib.import_module")
+                and args
+                and const_str(source, args[0]) is None
+            ):
+                findings.append(
+                    self.finding(source, call, f"`{source.code(call)}` imports a module by a name the audit can't read")
+                )
             elif any(q in _LOOKUPS for q in source.qnames(call.func)) and len(args) >= 2:
                 findings += self._lookup(source, call, args[0], args[1])
-            elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ("get", "__getitem__") and args \
-                    and (owner := namespace_of(source, call.func.value)) is not None:
+            elif (
+                isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in ("get", "__getitem__")
+                and args
+                and (owner := namespace_of(source, call.func.value)) is not None
+            ):
                 findings += self._lookup(source, call, owner, args[0])
         for node in source.of_type(cst.Subscript):
             owner = namespace_of(source, node.value)
@@ -114,8 +174,13 @@ class DynamicCode(Rule):
         guarded = sorted(p for p in object_paths(source, owner) if _guarded(p))
         if not guarded:
             return []
-        return [self.finding(source, node, f"`{source.code(node)}` looks up an attribute of {guarded[0]} by a "
-                             "name the audit can't read")]
+        return [
+            self.finding(
+                source,
+                node,
+                f"`{source.code(node)}` looks up an attribute of {guarded[0]} by a name the audit can't read",
+            )
+        ]
 
 
 RULE = DynamicCode()

@@ -4,26 +4,53 @@ from __future__ import annotations
 
 import libcst as cst
 
-from infrarsi._globs import matches_any
+from infrarsi.contract import matches_any
 
 from .._rule import AuditContext, Example, Finding, Rule
 from .._source import SourceModel, dotted, string_value
 
 _WRITE_MODES = set("wax+")
 # Calls that change the file named by their first (or, for copies and moves, last) path argument.
-_PATH_WRITERS = {"write_text", "write_bytes", "unlink", "rename", "replace", "touch", "rmdir", "chmod",
-                 "truncate", "symlink_to", "hardlink_to"}
-_FUNCTION_WRITERS = {"os.remove": 0, "os.unlink": 0, "os.rename": 0, "os.replace": 0, "os.truncate": 0,
-                     "os.chmod": 0, "shutil.rmtree": 0, "shutil.copy": -1, "shutil.copyfile": -1,
-                     "shutil.copy2": -1, "shutil.move": -1, "shutil.copytree": -1, "torch.save": 1,
-                     "numpy.save": 0, "os.symlink": -1}
+_PATH_WRITERS = {
+    "write_text",
+    "write_bytes",
+    "unlink",
+    "rename",
+    "replace",
+    "touch",
+    "rmdir",
+    "chmod",
+    "truncate",
+    "symlink_to",
+    "hardlink_to",
+}
+_FUNCTION_WRITERS = {
+    "os.remove": 0,
+    "os.unlink": 0,
+    "os.rename": 0,
+    "os.replace": 0,
+    "os.truncate": 0,
+    "os.chmod": 0,
+    "shutil.rmtree": 0,
+    "shutil.copy": -1,
+    "shutil.copyfile": -1,
+    "shutil.copy2": -1,
+    "shutil.move": -1,
+    "shutil.copytree": -1,
+    "torch.save": 1,
+    "numpy.save": 0,
+    "os.symlink": -1,
+}
 _CONTRACT = "infrarsi.toml"
 
 
 def _path_text(source: SourceModel, expr: cst.CSTNode) -> str | None:
     """The literal path parts of an expression (``HERE / 'data' / 'x.bin'`` -> ``data/x.bin``)."""
-    parts = [v for n in source.descendants(expr) if (v := string_value(n)) is not None
-             and not isinstance(source.parent.get(n), cst.ConcatenatedString)]
+    parts = [
+        v
+        for n in source.descendants(expr)
+        if (v := string_value(n)) is not None and not isinstance(source.parent.get(n), cst.ConcatenatedString)
+    ]
     if not parts:
         return None
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
@@ -71,8 +98,10 @@ class FrameworkWrite(Rule):
             return None
         func = call.func
         if dotted(func) == "open" or source.resolves_to(func, "io.open", "os.open"):
-            mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"),
-                        args[1].value if len(args) > 1 else None)
+            mode = next(
+                (a.value for a in call.args if a.keyword and a.keyword.value == "mode"),
+                args[1].value if len(args) > 1 else None,
+            )
             text = string_value(mode) if mode is not None else None
             return args[0].value if text and _WRITE_MODES & set(text) else None
         if isinstance(func, cst.Attribute) and func.attr.value == "open":  # Path(...).open("w")

@@ -19,23 +19,64 @@ import libcst as cst
 
 from .._rule import AuditContext, Finding, Rule
 from .._source import SourceModel, dotted
-from .._values import (attribute_writes, bound_from, call_args, const_str, is_reference, last_name, namespace_of,
-                       object_paths, root_name, under)
+from .._values import (
+    bound_from,
+    call_args,
+    const_str,
+    is_reference,
+    last_name,
+    namespace_of,
+    object_paths,
+    root_name,
+    under,
+)
+from .._writes import attribute_writes
 
 _REFERRERS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
-_FRAMES = ("sys._getframe", "sys._current_frames", "inspect.currentframe", "inspect.stack", "inspect.trace",
-           "inspect.getouterframes", "inspect.getinnerframes", "traceback.walk_stack", "traceback.walk_tb",
-           "sys.settrace", "sys.setprofile", "sys.monitoring", "threading.settrace", "threading.setprofile",
-           "threading.settrace_all_threads", "threading.setprofile_all_threads", "ctypes.pythonapi",
-           "ctypes.py_object")
-_FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_trace", "tb_frame", "gi_frame", "cr_frame",
-                "ag_frame"}
+_FRAMES = (
+    "sys._getframe",
+    "sys._current_frames",
+    "inspect.currentframe",
+    "inspect.stack",
+    "inspect.trace",
+    "inspect.getouterframes",
+    "inspect.getinnerframes",
+    "traceback.walk_stack",
+    "traceback.walk_tb",
+    "sys.settrace",
+    "sys.setprofile",
+    "sys.monitoring",
+    "threading.settrace",
+    "threading.setprofile",
+    "threading.settrace_all_threads",
+    "threading.setprofile_all_threads",
+    "ctypes.pythonapi",
+    "ctypes.py_object",
+)
+_FRAME_ATTRS = {
+    "f_back",
+    "f_locals",
+    "f_globals",
+    "f_builtins",
+    "f_trace",
+    "tb_frame",
+    "gi_frame",
+    "cr_frame",
+    "ag_frame",
+}
 # torch's own record of the modes in force: a job that reads it can tell a step InfraRSI observes
 # (a dispatch mode is on) from one it doesn't, and behave only when watched.
-_OBSERVERS = ("torch._C._len_torch_dispatch_stack", "torch._C._get_dispatch_stack_at", "torch._C._get_dispatch_mode",
-              "torch._C._is_torch_function_mode_enabled", "torch._C._len_torch_function_stack",
-              "torch.utils._python_dispatch", "torch.overrides._get_current_function_mode",
-              "torch.overrides._get_current_function_mode_stack", "torch._C._dispatch_tls_local_include_set")
+_OBSERVERS = (
+    "torch._C._len_torch_dispatch_stack",
+    "torch._C._get_dispatch_stack_at",
+    "torch._C._get_dispatch_mode",
+    "torch._C._is_torch_function_mode_enabled",
+    "torch._C._len_torch_function_stack",
+    "torch.utils._python_dispatch",
+    "torch.overrides._get_current_function_mode",
+    "torch.overrides._get_current_function_mode_stack",
+    "torch._C._dispatch_tls_local_include_set",
+)
 _MODULE_MUTATORS = {"update", "pop", "popitem", "setdefault", "clear", "__setitem__", "__delitem__"}
 _MODULE_READS = {"get", "__getitem__", "__contains__"}
 _IMPORT_HOOKS = ("sys.meta_path", "sys.path_hooks", "sys.path_importer_cache")
@@ -83,8 +124,11 @@ class Introspection(Rule):
             what = self._reach(source, node)
             if what:
                 findings.append(self.finding(source, node, f"`{source.code(node)}` {what}"))
-            elif isinstance(node, cst.Attribute) and any(q in _IMPORT_HOOKS for q in source.qnames(node)) \
-                    and self._mutated(source, node):
+            elif (
+                isinstance(node, cst.Attribute)
+                and any(q in _IMPORT_HOOKS for q in source.qnames(node))
+                and self._mutated(source, node)
+            ):
                 findings.append(self.finding(source, node, f"`{source.code(parent)}` hooks the import system"))
             elif "sys.modules" in source.qnames(node):
                 findings += self._modules(source, node)
@@ -130,8 +174,9 @@ class Introspection(Rule):
         if isinstance(parent, cst.ComparisonTarget) and isinstance(grand, cst.Comparison):
             key = const_str(source, grand.left)
             return self._named_read(source, grand, key, source.code(grand))
-        return [self.finding(source, node, f"`{code}` uses sys.modules whole: every loaded module, InfraRSI's "
-                             "among them")]
+        return [
+            self.finding(source, node, f"`{code}` uses sys.modules whole: every loaded module, InfraRSI's among them")
+        ]
 
     @staticmethod
     def _key(source: SourceModel, node: cst.Subscript) -> str | None:
@@ -144,7 +189,8 @@ class Introspection(Rule):
     def _target(source: SourceModel, node: cst.CSTNode) -> bool:
         parent = source.parent.get(node)
         return isinstance(parent, (cst.AssignTarget, cst.Del)) or (
-            isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node)
+            isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node
+        )
 
     def _named_read(self, source, node, key, code) -> list[Finding]:
         if key == "__name__":
@@ -159,8 +205,17 @@ class Introspection(Rule):
     def _mutated(source: SourceModel, node: cst.CSTNode) -> bool:
         parent = source.parent.get(node)
         if isinstance(parent, cst.Attribute) and isinstance(source.parent.get(parent), cst.Call):
-            return parent.attr.value in {"insert", "append", "extend", "remove", "pop", "clear", "__setitem__",
-                                         "update", "__delitem__"}
+            return parent.attr.value in {
+                "insert",
+                "append",
+                "extend",
+                "remove",
+                "pop",
+                "clear",
+                "__setitem__",
+                "update",
+                "__delitem__",
+            }
         return isinstance(parent, (cst.AssignTarget, cst.Subscript, cst.AugAssign))
 
     # -- namespaces ----------------------------------------------------------------------------
@@ -174,26 +229,42 @@ class Introspection(Rule):
             if name not in ("vars", "globals", "locals", "getmembers", "__dict__") or id(node) in inside_writes:
                 continue
             owner = namespace_of(source, node)
-            if owner is None and isinstance(node, cst.Call) and source.resolves_to(node.func, "inspect.getmembers") \
-                    and call_args(node):
+            if (
+                owner is None
+                and isinstance(node, cst.Call)
+                and source.resolves_to(node.func, "inspect.getmembers")
+                and call_args(node)
+            ):
                 owner = call_args(node)[0]
             if owner is not None:
                 if any(under(p, "infrarsi", "<probe>") for p in object_paths(source, owner)):
                     out.append(self.finding(source, node, f"`{source.code(node)}` reads InfraRSI's namespace"))
                 continue
-            if isinstance(node, cst.Call) and not node.args and \
-                    source.resolves_to(node.func, "builtins.globals", "builtins.locals", "builtins.vars"):
+            if (
+                isinstance(node, cst.Call)
+                and not node.args
+                and source.resolves_to(node.func, "builtins.globals", "builtins.locals", "builtins.vars")
+            ):
                 key = self._namespace_key(source, node)
                 if key is not None and key.split(".")[0] in infrarsi_names:
-                    out.append(self.finding(source, node, f"`{source.code(source.statement_of(node))}` reaches "
-                                            f"`{key}` (InfraRSI) through the namespace"))
+                    out.append(
+                        self.finding(
+                            source,
+                            node,
+                            f"`{source.code(source.statement_of(node))}` reaches "
+                            f"`{key}` (InfraRSI) through the namespace",
+                        )
+                    )
         return out
 
     @staticmethod
     def _namespace_key(source: SourceModel, call: cst.Call) -> str | None:
         parent = source.parent.get(call)
-        if isinstance(parent, cst.Subscript) and len(parent.slice) == 1 \
-                and isinstance(parent.slice[0].slice, cst.Index):
+        if (
+            isinstance(parent, cst.Subscript)
+            and len(parent.slice) == 1
+            and isinstance(parent.slice[0].slice, cst.Index)
+        ):
             return const_str(source, parent.slice[0].slice.value)
         grand = source.parent.get(parent) if parent is not None else None
         if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and call_args(grand):

@@ -19,8 +19,21 @@ from .._rule import AuditContext, Example, Finding, Rule
 from .._source import PROBE_MODULE, SourceModel, dotted, string_value
 from .._values import call_args, const_str, is_reference, last_name, object_paths, under
 
-_REPORTING = {"print", "log", "info", "debug", "warning", "warn", "write", "flush", "set_postfix", "update",
-              "add_scalar", "log_dict", "pass"}
+_REPORTING = {
+    "print",
+    "log",
+    "info",
+    "debug",
+    "warning",
+    "warn",
+    "write",
+    "flush",
+    "set_postfix",
+    "update",
+    "add_scalar",
+    "log_dict",
+    "pass",
+}
 _PROBE_STATE = {"enabled", "_file", "recording", "active"}
 _ENVIRON = ("os.environ", "os.environb", "posix.environ", "nt.environ")
 _GETENV = ("os.getenv", "os.getenvb", "posix.getenv")
@@ -28,7 +41,7 @@ _BY_NAME = {"get", "pop", "setdefault", "__getitem__", "__contains__", "__setite
 _MARK = "INFRARSI_"
 _ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "getattr"}
 
-_LOOP = '''
+_LOOP = """
 import argparse
 from infrarsi import probe
 p = probe.from_env()
@@ -37,7 +50,7 @@ for step in range(1, steps + 1):
     x, y = get_batch(step, args.batch)
     with p.step(step):
         train(x, y)
-'''
+"""
 
 
 def _marks_infrarsi(text: str) -> bool:
@@ -51,27 +64,42 @@ class MeasuredDetection(Rule):
     id = "measured_detection"
     message = "the job detects that it is being measured"
     VALID = [
-        ("from infrarsi import probe\np = probe.from_env()\nfor step in range(1, 11):\n    train()\n"
-         "    if not p.enabled and step % 10 == 0:\n        print(f'step {step}')\n"),
+        (
+            "from infrarsi import probe\np = probe.from_env()\nfor step in range(1, 11):\n    train()\n"
+            "    if not p.enabled and step % 10 == 0:\n        print(f'step {step}')\n"
+        ),
         _LOOP,
         "import os\nlr = float(os.environ.get('LR', '1e-3'))\nrank = int(os.environ['LOCAL_RANK'])\n",
-        ("from infrarsi import probe\np = probe.from_env()\nfor i, batch in enumerate(loader):\n"
-         "    if p.total_steps and i >= p.total_steps:\n        break\n    train(batch)\n"),
-        ("import os\ndef env_int(name, default):\n    return int(os.environ.get(name, default))\n"
-         "world = env_int('WORLD_SIZE', 1)\nfor key in ('RANK', 'LOCAL_RANK'):\n    print(os.getenv(key))\n"),
-        ("from infrarsi import probe as pr\nclass T:\n    def __init__(self):\n        self.probe = pr.from_env()\n"
-         "    def fit(self):\n        for step in range(self.probe.total_steps or 100):\n            train()\n"),
+        (
+            "from infrarsi import probe\np = probe.from_env()\nfor i, batch in enumerate(loader):\n"
+            "    if p.total_steps and i >= p.total_steps:\n        break\n    train(batch)\n"
+        ),
+        (
+            "import os\ndef env_int(name, default):\n    return int(os.environ.get(name, default))\n"
+            "world = env_int('WORLD_SIZE', 1)\nfor key in ('RANK', 'LOCAL_RANK'):\n    print(os.getenv(key))\n"
+        ),
+        (
+            "from infrarsi import probe as pr\nclass T:\n    def __init__(self):\n        self.probe = pr.from_env()\n"
+            "    def fit(self):\n        for step in range(self.probe.total_steps or 100):\n            train()\n"
+        ),
     ]
     INVALID = [
-        ("import os\nsteps = int(os.environ.get('INFRARSI_STEPS', 100))\nif 'INFRARSI_STEPS' in os.environ:\n"
-         "    accum = 1\n"),
+        (
+            "import os\nsteps = int(os.environ.get('INFRARSI_STEPS', 100))\nif 'INFRARSI_STEPS' in os.environ:\n"
+            "    accum = 1\n"
+        ),
         "from infrarsi import probe\np = probe.from_env()\nif p.enabled:\n    accum = 1\n",
         "from infrarsi import probe\np = probe.from_env()\naccum = 1 if p.enabled else 4\n",
-        ("from infrarsi import probe\np = probe.from_env()\nif isinstance(p, probe.NullProbe):\n    model = big\n"
-         "else:\n    model = small\n"),
-        Example(_LOOP.replace("get_batch(step, args.batch)",
-                              "get_batch(step, args.batch if p.total_steps else args.batch // 2)"),
-                note="half the batch when InfraRSI isn't measuring"),
+        (
+            "from infrarsi import probe\np = probe.from_env()\nif isinstance(p, probe.NullProbe):\n    model = big\n"
+            "else:\n    model = small\n"
+        ),
+        Example(
+            _LOOP.replace(
+                "get_batch(step, args.batch)", "get_batch(step, args.batch if p.total_steps else args.batch // 2)"
+            ),
+            note="half the batch when InfraRSI isn't measuring",
+        ),
         "from infrarsi import probe\np = probe.from_env()\nmeasured = p.total_steps is not None\n",
         "from infrarsi import probe\np = probe.from_env()\nwatched = bool(p.enabled)\n",
         "import os\nflag = os.environ.get('INFRA' + 'RSI_STEPS')\n",
@@ -89,13 +117,21 @@ class MeasuredDetection(Rule):
             state = any(self._state_read(source, n) for n in source.descendants(node.test))
             total = any(self._probe_attr(source, n) == "total_steps" for n in source.descendants(node.test))
             if (state or (total and not self._exits(node))) and not (
-                    self._reporting_only(source, node.body) and self._reporting_only(source, node.orelse)):
-                findings.append(self.finding(source, node, f"`if {source.code(node.test)}` changes what the job "
-                                             "does when it is measured (only printing may depend on it)"))
+                self._reporting_only(source, node.body) and self._reporting_only(source, node.orelse)
+            ):
+                findings.append(
+                    self.finding(
+                        source,
+                        node,
+                        f"`if {source.code(node.test)}` changes what the job "
+                        "does when it is measured (only printing may depend on it)",
+                    )
+                )
         for node in source.of_type(cst.IfExp):
             if self._probe_state(source, node.test):
-                findings.append(self.finding(source, node, f"`{source.code(node)}` depends on whether the job "
-                                             "is measured"))
+                findings.append(
+                    self.finding(source, node, f"`{source.code(node)}` depends on whether the job is measured")
+                )
         findings += self._probe_reads(source)
         return findings
 
@@ -104,8 +140,13 @@ class MeasuredDetection(Rule):
         """The probe attribute ``node`` reads (``p.enabled``, ``getattr(p, 'total_steps')``), else None."""
         if isinstance(node, cst.Attribute) and source.probe_object(node.value):
             return node.attr.value
-        if isinstance(node, cst.Call) and last_name(node.func) == "getattr" and len(node.args) >= 2 \
-                and source.probe_object(node.args[0].value) and source.resolves_to(node.func, "builtins.getattr"):
+        if (
+            isinstance(node, cst.Call)
+            and last_name(node.func) == "getattr"
+            and len(node.args) >= 2
+            and source.probe_object(node.args[0].value)
+            and source.resolves_to(node.func, "builtins.getattr")
+        ):
             return const_str(source, node.args[1].value) or "?"
         return None
 
@@ -115,12 +156,18 @@ class MeasuredDetection(Rule):
             return True
         if isinstance(node, cst.Attribute) and node.attr.value == "__class__" and source.probe_object(node.value):
             return True
-        return isinstance(node, cst.Call) and dotted(node.func) in ("isinstance", "type") and bool(node.args) \
+        return (
+            isinstance(node, cst.Call)
+            and dotted(node.func) in ("isinstance", "type")
+            and bool(node.args)
             and source.probe_object(node.args[0].value)
+        )
 
     def _probe_state(self, source: SourceModel, test: cst.CSTNode) -> bool:
-        return any(self._state_read(source, n) or self._probe_attr(source, n) == "total_steps"
-                   for n in source.descendants(test))
+        return any(
+            self._state_read(source, n) or self._probe_attr(source, n) == "total_steps"
+            for n in source.descendants(test)
+        )
 
     def _reporting_only(self, source: SourceModel, body: cst.CSTNode | None) -> bool:
         if body is None:
@@ -149,10 +196,16 @@ class MeasuredDetection(Rule):
             if total and self._loop_bound(source, node):
                 continue
             what = source.code(node)
-            out.append(self.finding(source, node, f"`{what}` is used beyond the loop bound: the job could train "
-                                    "differently when InfraRSI isn't measuring" if total else
-                                    f"`{what}` is read outside a print-only `if`: the job could act on being "
-                                    "measured"))
+            out.append(
+                self.finding(
+                    source,
+                    node,
+                    f"`{what}` is used beyond the loop bound: the job could train "
+                    "differently when InfraRSI isn't measuring"
+                    if total
+                    else f"`{what}` is read outside a print-only `if`: the job could act on being measured",
+                )
+            )
         return out
 
     @staticmethod
@@ -200,8 +253,14 @@ class MeasuredDetection(Rule):
 
     # -- the runner's environment ----------------------------------------------------------------
     def _marked_strings(self, source: SourceModel) -> list[Finding]:
-        kinds = (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation, cst.Call,
-                 cst.Subscript)
+        kinds = (
+            cst.SimpleString,
+            cst.FormattedString,
+            cst.ConcatenatedString,
+            cst.BinaryOperation,
+            cst.Call,
+            cst.Subscript,
+        )
         out = []
         for node in source.of_type(*kinds):
             text = const_str(source, node)
@@ -212,8 +271,14 @@ class MeasuredDetection(Rule):
                 continue  # reported once, at the whole expression
             if isinstance(node, cst.SimpleString) and isinstance(source.parent.get(node), cst.Expr):
                 continue  # a docstring or a bare string statement reads nothing
-            out.append(self.finding(source, node, f"reads {text}, which only the runner sets: the job can tell "
-                                    "it is measured (use p.total_steps for the step count)"))
+            out.append(
+                self.finding(
+                    source,
+                    node,
+                    f"reads {text}, which only the runner sets: the job can tell "
+                    "it is measured (use p.total_steps for the step count)",
+                )
+            )
         return out
 
     def _environment(self, source: SourceModel) -> list[Finding]:
@@ -232,13 +297,22 @@ class MeasuredDetection(Rule):
                 if isinstance(call, cst.Call) and call.func is node and call_args(call):
                     out += self._env_name(source, call, call_args(call)[0])
                 else:
-                    out.append(self.finding(source, node, f"`{source.code(node)}` is used other than to read a "
-                                            "variable by name"))
+                    out.append(
+                        self.finding(
+                            source, node, f"`{source.code(node)}` is used other than to read a variable by name"
+                        )
+                    )
         for node in source.of_type(cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation):
             text = const_str(source, node) or (string_value(node) if isinstance(node, cst.FormattedString) else "")
             parent = source.parent.get(node)
-            if text and "/proc/" in text and "environ" in text and not (
-                    isinstance(parent, (cst.ConcatenatedString, cst.BinaryOperation)) and const_str(source, parent)):
+            if (
+                text
+                and "/proc/" in text
+                and "environ" in text
+                and not (
+                    isinstance(parent, (cst.ConcatenatedString, cst.BinaryOperation)) and const_str(source, parent)
+                )
+            ):
                 out.append(self.finding(source, node, f"reads {text!r}: a process's whole environment"))
         return out
 
@@ -248,28 +322,50 @@ class MeasuredDetection(Rule):
         if isinstance(node, cst.Call):
             return any(p in _ENVIRON for p in object_paths(source, node))
         return any(q in _ENVIRON for q in source.qnames(node)) or (
-            isinstance(node, cst.Attribute) and any(p in _ENVIRON for p in object_paths(source, node)))
+            isinstance(node, cst.Attribute) and any(p in _ENVIRON for p in object_paths(source, node))
+        )
 
     def _environ_use(self, source: SourceModel, node: cst.CSTNode) -> list[Finding]:
         parent = source.parent.get(node)
         grand = source.parent.get(parent) if parent is not None else None
-        if isinstance(parent, cst.Subscript) and parent.value is node and len(parent.slice) == 1 \
-                and isinstance(parent.slice[0].slice, cst.Index):
+        if (
+            isinstance(parent, cst.Subscript)
+            and parent.value is node
+            and len(parent.slice) == 1
+            and isinstance(parent.slice[0].slice, cst.Index)
+        ):
             return self._env_name(source, parent, parent.slice[0].slice.value)
-        if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _BY_NAME \
-                and isinstance(grand, cst.Call) and call_args(grand):
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.value is node
+            and parent.attr.value in _BY_NAME
+            and isinstance(grand, cst.Call)
+            and call_args(grand)
+        ):
             return self._env_name(source, grand, call_args(grand)[0])
-        if isinstance(parent, cst.ComparisonTarget) and isinstance(grand, cst.Comparison) \
-                and isinstance(parent.operator, (cst.In, cst.NotIn)):
+        if (
+            isinstance(parent, cst.ComparisonTarget)
+            and isinstance(grand, cst.Comparison)
+            and isinstance(parent.operator, (cst.In, cst.NotIn))
+        ):
             return self._env_name(source, grand, grand.left)
-        return [self.finding(source, node, f"`{source.code(grand if isinstance(grand, cst.Call) else node)}` scans "
-                             "the whole environment, where the runner's INFRARSI_* variables are")]
+        return [
+            self.finding(
+                source,
+                node,
+                f"`{source.code(grand if isinstance(grand, cst.Call) else node)}` scans "
+                "the whole environment, where the runner's INFRARSI_* variables are",
+            )
+        ]
 
     def _env_name(self, source: SourceModel, node: cst.CSTNode, key: cst.CSTNode) -> list[Finding]:
         names = self._possible_names(source, key)
         if names is None:
-            return [self.finding(source, node, f"`{source.code(node)}` reads an environment variable whose name "
-                                 "the audit can't read")]
+            return [
+                self.finding(
+                    source, node, f"`{source.code(node)}` reads an environment variable whose name the audit can't read"
+                )
+            ]
         return []  # a constant name: _marked_strings judges it where it is written
 
     def _possible_names(self, source: SourceModel, key: cst.CSTNode) -> list[str] | None:
@@ -312,10 +408,10 @@ class MeasuredDetection(Rule):
         out = []
         for node in source.of_type(cst.Attribute):
             name = node.attr.value
-            if (name.endswith("_ENV") or name == "_steps_from_env") and \
-                    any(under(q, PROBE_MODULE, "infrarsi.autoprobe") for q in source.qnames(node)):
-                out.append(self.finding(source, node, f"`{source.code(node)}` names the runner's INFRARSI_* "
-                                        "variables"))
+            if (name.endswith("_ENV") or name == "_steps_from_env") and any(
+                under(q, PROBE_MODULE, "infrarsi.autoprobe") for q in source.qnames(node)
+            ):
+                out.append(self.finding(source, node, f"`{source.code(node)}` names the runner's INFRARSI_* variables"))
         return out
 
 

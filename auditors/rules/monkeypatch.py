@@ -14,19 +14,51 @@ patch is reported once.
 
 from __future__ import annotations
 
+from .._loop import loop_model
 from .._rule import AuditContext, Example, Finding, Rule
 from .._source import SourceModel, dotted
-from .._values import attribute_writes, is_clock, is_probe, object_paths, under
+from .._values import is_clock, is_probe, object_paths, under
+from .._writes import attribute_writes
 
 # Methods and state that the update work runs through: replacing them on an instance
 # (`opt.step = ...`) or a class reached through an object (`type(loss).backward`) moves work.
-_WORK_ATTRS = {"step", "zero_grad", "backward", "forward", "__call__", "_call_impl", "item", "tolist", "scale",
-               "unscale_", "update", "param_groups", "state", "defaults", "add_param_group", "register_hook",
-               "__torch_function__", "__torch_dispatch__"}
-_BUILTIN_HOOKS = {"__import__", "getattr", "setattr", "hasattr", "isinstance", "type", "open", "exec", "eval",
-                  "compile", "vars", "globals", "__build_class__"}
+_WORK_ATTRS = {
+    "step",
+    "zero_grad",
+    "backward",
+    "forward",
+    "__call__",
+    "_call_impl",
+    "item",
+    "tolist",
+    "scale",
+    "unscale_",
+    "update",
+    "param_groups",
+    "state",
+    "defaults",
+    "add_param_group",
+    "register_hook",
+    "__torch_function__",
+    "__torch_dispatch__",
+}
+_BUILTIN_HOOKS = {
+    "__import__",
+    "getattr",
+    "setattr",
+    "hasattr",
+    "isinstance",
+    "type",
+    "open",
+    "exec",
+    "eval",
+    "compile",
+    "vars",
+    "globals",
+    "__build_class__",
+}
 
-_LOOP = '''
+_LOOP = """
 import torch
 from infrarsi import probe
 p = probe.from_env()
@@ -37,7 +69,7 @@ for step in range(1, steps + 1):
         loss.backward()
         opt.step()
         opt.zero_grad()
-'''
+"""
 
 
 def _config(path: str) -> bool:
@@ -50,18 +82,25 @@ class Monkeypatch(Rule):
     message = "torch, InfraRSI or the class of one of their objects is patched"
     VALID = [
         _LOOP,
-        ("import torch\ntorch.backends.cudnn.benchmark = True\nimport torch._dynamo\n"
-         "torch._dynamo.config.cache_size_limit = 64\n"),
+        (
+            "import torch\ntorch.backends.cudnn.benchmark = True\nimport torch._dynamo\n"
+            "torch._dynamo.config.cache_size_limit = 64\n"
+        ),
         "import torch._inductor.config as inductor_config\ninductor_config.compile_threads = 1\n",
-        ("import torch\nx = torch.zeros(3)\nx.requires_grad = True\nlayer = torch.nn.Linear(4, 4)\n"
-         "layer.weight = torch.nn.Parameter(torch.ones(4, 4))\nfor q in model.parameters():\n    q.grad = None\n"),
+        (
+            "import torch\nx = torch.zeros(3)\nx.requires_grad = True\nlayer = torch.nn.Linear(4, 4)\n"
+            "layer.weight = torch.nn.Parameter(torch.ones(4, 4))\nfor q in model.parameters():\n    q.grad = None\n"
+        ),
         "import builtins\n_print = builtins.print\nbuiltins.print = lambda *a, **k: _print(*a, **k) if rank == 0 else None\n",
         "class Trainer:\n    calls = 0\n    def fit(self):\n        self.model.train()\n        self.steps_done = 0\n",
     ]
     INVALID = [
-        Example(_LOOP.replace("for step", "_later = []\ntorch.optim.AdamW.step = lambda self, *a, **k: "
-                                          "_later.append(self)\nfor step"),
-                note="the optimizer's step queued for after the measured region"),
+        Example(
+            _LOOP.replace(
+                "for step", "_later = []\ntorch.optim.AdamW.step = lambda self, *a, **k: _later.append(self)\nfor step"
+            ),
+            note="the optimizer's step queued for after the measured region",
+        ),
         "import torch\n_backward = torch.Tensor.backward\ntorch.Tensor.backward = lambda t, *a, **k: queue.append(t)\n",
         "import torch\nT = torch.Tensor\nsetattr(T, 'back' + 'ward', deferred)\n",
         "import torch\nopt = torch.optim.SGD(params, lr=0.1)\ntype(opt).step = deferred_step\n",
@@ -75,7 +114,7 @@ class Monkeypatch(Rule):
     ]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
-        work = source.loop_model().work
+        work = loop_model(source).work
         typed = work.optimizers | work.scalers | work.schedulers
         findings = []
         for write in attribute_writes(source):

@@ -18,21 +18,49 @@ import libcst as cst
 
 from .._rule import AuditContext, Example, Finding, Rule
 from .._source import SourceModel, string_value
-from .._values import attribute_writes, call_args, const_str, last_name, object_paths, under
+from .._values import call_args, const_str, last_name, object_paths, under
+from .._writes import attribute_writes
 
-_DTYPES = {"torch.float16": "fp16", "torch.half": "fp16", "torch.bfloat16": "bf16",
-           "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8", "torch.float8_e4m3fnuz": "fp8",
-           "torch.float8_e5m2fnuz": "fp8", "torch.float32": "fp32", "torch.float": "fp32",
-           "torch.float64": "fp64", "torch.double": "fp64",
-           "torch.HalfTensor": "fp16", "torch.cuda.HalfTensor": "fp16", "torch.BFloat16Tensor": "bf16",
-           "torch.cuda.BFloat16Tensor": "bf16", "torch.FloatTensor": "fp32", "torch.cuda.FloatTensor": "fp32",
-           "torch.DoubleTensor": "fp64", "torch.cuda.DoubleTensor": "fp64"}
-_DTYPE_STRINGS = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "torch.HalfTensor": "fp16",
-                  "torch.cuda.HalfTensor": "fp16", "torch.BFloat16Tensor": "bf16",
-                  "torch.cuda.BFloat16Tensor": "bf16", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+_DTYPES = {
+    "torch.float16": "fp16",
+    "torch.half": "fp16",
+    "torch.bfloat16": "bf16",
+    "torch.float8_e4m3fn": "fp8",
+    "torch.float8_e5m2": "fp8",
+    "torch.float8_e4m3fnuz": "fp8",
+    "torch.float8_e5m2fnuz": "fp8",
+    "torch.float32": "fp32",
+    "torch.float": "fp32",
+    "torch.float64": "fp64",
+    "torch.double": "fp64",
+    "torch.HalfTensor": "fp16",
+    "torch.cuda.HalfTensor": "fp16",
+    "torch.BFloat16Tensor": "bf16",
+    "torch.cuda.BFloat16Tensor": "bf16",
+    "torch.FloatTensor": "fp32",
+    "torch.cuda.FloatTensor": "fp32",
+    "torch.DoubleTensor": "fp64",
+    "torch.cuda.DoubleTensor": "fp64",
+}
+_DTYPE_STRINGS = {
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "torch.HalfTensor": "fp16",
+    "torch.cuda.HalfTensor": "fp16",
+    "torch.BFloat16Tensor": "bf16",
+    "torch.cuda.BFloat16Tensor": "bf16",
+    "torch.float16": "fp16",
+    "torch.bfloat16": "bf16",
+}
 _CAST_METHODS = {"half": "fp16", "bfloat16": "bf16"}
-_AUTOCAST = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
-             "torch.amp.autocast_mode.autocast")
+_AUTOCAST = (
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+)
 _MATMUL = {"high": "tf32", "medium": "bf16", "highest": "fp32"}
 _FP32_PRECISION = {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16", "none": "fp32"}
 _LOWER = {"fp16", "bf16", "fp8", "tf32"}
@@ -50,16 +78,20 @@ class PrecisionDowngrade(Rule):
     message = "a lower precision than the contract allows"
     VALID = [
         "model = model.float()\nx = x.to(device)\nmask = torch.ones(t, t, dtype=torch.bool)\n",
-        Example("import torch\nwith torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(x)\n",
-                precision=("fp32", "bf16")),
+        Example(
+            "import torch\nwith torch.autocast(device_type='cuda', dtype=torch.bfloat16):\n    loss = model(x)\n",
+            precision=("fp32", "bf16"),
+        ),
         Example("import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n", precision=("fp32", "tf32")),
         "import torch\ntorch.set_float32_matmul_precision('highest')\n",
         "import torch\nwith torch.autocast(device_type='cuda', enabled=False):\n    loss = model(x)\n",
         "import torch\ntorch.backends.cuda.matmul.allow_tf32 = False\n",
         "import torch\ntorch.backends.cuda.matmul.fp32_precision = 'ieee'\ntorch.backends.fp32_precision = 'ieee'\n",
         Example("import torch\ntorch.backends.cudnn.conv.fp32_precision = 'tf32'\n", precision=("fp32", "tf32")),
-        ("import torch\ny = x.to(q.dtype)\nz = torch.zeros(3, dtype=x.dtype, device=x.device)\n"
-         "torch.set_autocast_enabled('cuda', False)\n"),
+        (
+            "import torch\ny = x.to(q.dtype)\nz = torch.zeros(3, dtype=x.dtype, device=x.device)\n"
+            "torch.set_autocast_enabled('cuda', False)\n"
+        ),
         Example("import torch\nh = x.to(getattr(torch, 'bfloat' + '16'))\n", precision=("fp32", "bf16")),
     ]
     INVALID = [
@@ -71,8 +103,11 @@ class PrecisionDowngrade(Rule):
         "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n",
         "import torch\ntorch.set_float32_matmul_precision('high')\n",
         "import torch\ntorch.set_default_dtype(torch.bfloat16)\n",
-        Example("import torch\nwith torch.autocast(device_type='cuda', dtype=torch.float16):\n    loss = model(x)\n",
-                precision=("fp32", "bf16"), note="bf16 is allowed, fp16 is not"),
+        Example(
+            "import torch\nwith torch.autocast(device_type='cuda', dtype=torch.float16):\n    loss = model(x)\n",
+            precision=("fp32", "bf16"),
+            note="bf16 is allowed, fp16 is not",
+        ),
         Example("import torch\nh = x.to(getattr(torch, 'bfloat' + '16'))\n", note="a dtype spelled in pieces"),
         "import torch\nh = x.to(getattr(torch, cfg.low))\n",
         "import torch\nh = x.type(torch.BFloat16Tensor)\n",
@@ -87,8 +122,11 @@ class PrecisionDowngrade(Rule):
 
     def _dtype(self, source: SourceModel, expr: cst.CSTNode) -> str | None:
         """The precision ``expr`` names as a dtype, ``_UNRESOLVED`` for a torch attribute by a computed name."""
-        paths = object_paths(source, expr) if isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) \
+        paths = (
+            object_paths(source, expr)
+            if isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
             else set()
+        )
         found = {_DTYPES[p] for p in paths if p in _DTYPES}
         if found:
             return min(found, key=lambda p: p in ("fp32", "fp64"))  # the lowest, if an alias has several
@@ -105,8 +143,11 @@ class PrecisionDowngrade(Rule):
         if precision == _UNRESOLVED:
             if _LOWER <= set(ctx.precision):
                 return []
-            return [self.finding(source, node, f"{what} sets a precision the audit can't resolve; the contract "
-                                 f"allows only {allowed}")]
+            return [
+                self.finding(
+                    source, node, f"{what} sets a precision the audit can't resolve; the contract allows only {allowed}"
+                )
+            ]
         return [self.finding(source, node, f"{what} trains in {precision}; the contract allows only {allowed}")]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
@@ -126,8 +167,12 @@ class PrecisionDowngrade(Rule):
 
         if isinstance(func, cst.Attribute) and last in _CAST_METHODS:
             return self._flag(source, ctx, call, _CAST_METHODS[last], f"`.{last}()`")
-        if isinstance(func, cst.Call) and last_name(func.func) == "getattr" and len(call_args(func)) >= 2 \
-                and (name := const_str(source, call_args(func)[1])) in _CAST_METHODS:
+        if (
+            isinstance(func, cst.Call)
+            and last_name(func.func) == "getattr"
+            and len(call_args(func)) >= 2
+            and (name := const_str(source, call_args(func)[1])) in _CAST_METHODS
+        ):
             return self._flag(source, ctx, call, _CAST_METHODS[name], code)
         if isinstance(func, cst.Attribute) and last in ("to", "type"):
             out = []
@@ -142,22 +187,37 @@ class PrecisionDowngrade(Rule):
             if switch is not None:
                 return self._flag(source, ctx, call, self._switch(source, switch, call), code)
         args = call_args(call)
-        if last == "set_float32_matmul_precision" and args \
-                and source.resolves_to(func, "torch.set_float32_matmul_precision"):
+        if (
+            last == "set_float32_matmul_precision"
+            and args
+            and source.resolves_to(func, "torch.set_float32_matmul_precision")
+        ):
             mode = const_str(source, args[0])
-            return self._flag(source, ctx, call, _MATMUL.get(mode, _UNRESOLVED) if mode else _UNRESOLVED,
-                              "float32 matmul precision")
-        if last in ("set_default_dtype", "set_default_tensor_type") and args \
-                and source.resolves_to(func, "torch.set_default_dtype", "torch.set_default_tensor_type"):
+            return self._flag(
+                source, ctx, call, _MATMUL.get(mode, _UNRESOLVED) if mode else _UNRESOLVED, "float32 matmul precision"
+            )
+        if (
+            last in ("set_default_dtype", "set_default_tensor_type")
+            and args
+            and source.resolves_to(func, "torch.set_default_dtype", "torch.set_default_tensor_type")
+        ):
             return self._flag(source, ctx, call, self._dtype(source, args[0]), "the default dtype")
-        if last is not None and last.endswith("Tensor") and \
-                any(q in _DTYPES and _DTYPES[q] not in ("fp32", "fp64") for q in object_paths(source, func)):
+        if (
+            last is not None
+            and last.endswith("Tensor")
+            and any(q in _DTYPES and _DTYPES[q] not in ("fp32", "fp64") for q in object_paths(source, func))
+        ):
             return self._flag(source, ctx, call, self._dtype(source, func), code)  # torch.cuda.HalfTensor(...)
         out = []
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "dtype":
-                out += self._flag(source, ctx, call, self._dtype(source, arg.value),
-                                  lambda arg=arg: f"`dtype={source.code(arg.value)}`")
+                out += self._flag(
+                    source,
+                    ctx,
+                    call,
+                    self._dtype(source, arg.value),
+                    lambda arg=arg: f"`dtype={source.code(arg.value)}`",
+                )
         return out
 
     def _switch(self, source: SourceModel, switch: str, call: cst.Call) -> str | None:
@@ -176,8 +236,11 @@ class PrecisionDowngrade(Rule):
 
     def _setting(self, source: SourceModel, ctx: AuditContext, write) -> list[Finding]:
         """``allow_tf32`` and ``fp32_precision`` under ``torch.backends``, however written."""
-        if write.attr not in ("allow_tf32", "fp32_precision") or write.how == "deleted" or \
-                not any(under(p, "torch.backends") for p in object_paths(source, write.obj)):
+        if (
+            write.attr not in ("allow_tf32", "fp32_precision")
+            or write.how == "deleted"
+            or not any(under(p, "torch.backends") for p in object_paths(source, write.obj))
+        ):
             return []
         what = f"`{source.code(write.obj)}.{write.attr}`"
         if write.attr == "allow_tf32":

@@ -11,7 +11,21 @@ from .._source import SourceModel, string_value
 from .._values import call_args, const_str
 
 _WORKSPACE_DIR = re.compile(r"(^|[/\\])\.infrarsi([/\\]|$)")
-_INTERNALS = ("infrarsi.ledger", "infrarsi.verifiers", "infrarsi.auditors", "infrarsi._")
+# Every part of the framework but the probe (and the autoprobe that wraps it); private modules by prefix.
+_INTERNAL_PACKAGES = (
+    "infrarsi.ledger",
+    "infrarsi.verifiers",
+    "infrarsi.auditors",
+    "infrarsi.runner",
+    "infrarsi.contract",
+    "infrarsi.cli",
+    "infrarsi.errors",
+    "infrarsi.signing",
+)
+
+
+def _internal(module: str) -> bool:
+    return module.startswith("infrarsi._") or any(module == p or module.startswith(p + ".") for p in _INTERNAL_PACKAGES)
 
 
 class ReceiptsTouched(Rule):
@@ -25,10 +39,11 @@ class ReceiptsTouched(Rule):
     INVALID = [
         "import os\npath = os.environ['INFRARSI_RECEIPTS']\nopen(path, 'a').write('{}')\n",
         "from pathlib import Path\nPath('.infrarsi/ledger.db').unlink()\n",
-        "from infrarsi import probe\np = probe.from_env()\np._file.write('{\"type\": \"step\"}')\n",
+        'from infrarsi import probe\np = probe.from_env()\np._file.write(\'{"type": "step"}\')\n',
         "from infrarsi import probe\np = probe.from_env()\np._write({'type': 'step', 'step': 1})\n",
         "from infrarsi.ledger import Ledger\n",
-        "import infrarsi._receipts\n",
+        "import infrarsi.runner._receipts\n",
+        "from infrarsi.runner import LocalExecutor\n",
         "from infrarsi import probe\np = probe.from_env()\ngetattr(p, '_fi' + 'le').write('{}')\n",
     ]
 
@@ -41,28 +56,53 @@ class ReceiptsTouched(Rule):
             if "INFRARSI_RECEIPTS" in text:
                 findings.append(self.finding(source, node, "reads INFRARSI_RECEIPTS, the probe's receipt file"))
             elif _WORKSPACE_DIR.search(text):
-                findings.append(self.finding(source, node, f"names the workspace's .infrarsi/ folder ({text!r}): "
-                                             "the ledger, keys and receipts live there"))
+                findings.append(
+                    self.finding(
+                        source,
+                        node,
+                        f"names the workspace's .infrarsi/ folder ({text!r}): the ledger, keys and receipts live there",
+                    )
+                )
         for node in source.of_type(cst.Attribute):
-            if node.attr.value.startswith("_") and not node.attr.value.startswith("__") \
-                    and source.probe_object(node.value):
-                findings.append(self.finding(source, node, f"`{source.code(node)}` reaches into the probe's "
-                                             "internals (receipts must go through p.step / p.log)"))
+            if (
+                node.attr.value.startswith("_")
+                and not node.attr.value.startswith("__")
+                and source.probe_object(node.value)
+            ):
+                findings.append(
+                    self.finding(
+                        source,
+                        node,
+                        f"`{source.code(node)}` reaches into the probe's "
+                        "internals (receipts must go through p.step / p.log)",
+                    )
+                )
         for call in source.of_type(cst.Call):  # getattr(p, "_fi" + "le"): the same reach, spelled at run time
             args = call_args(call)
             if len(args) >= 2 and source.resolves_to(call.func, "builtins.getattr") and source.probe_object(args[0]):
                 name = const_str(source, args[1]) or ""
                 if name.startswith("_") and not name.startswith("__"):
-                    findings.append(self.finding(source, call, f"`{source.code(call)}` reaches into the probe's "
-                                                 "internals (receipts must go through p.step / p.log)"))
+                    findings.append(
+                        self.finding(
+                            source,
+                            call,
+                            f"`{source.code(call)}` reaches into the probe's "
+                            "internals (receipts must go through p.step / p.log)",
+                        )
+                    )
         reported = set()
         for node, real, _ in source.imports():
             module = real.rsplit(".", 1)[0] if isinstance(node, cst.ImportFrom) else real
-            hit = module if module.startswith(_INTERNALS) else real.removesuffix(".*")
-            if hit.startswith(_INTERNALS) and id(node) not in reported:
+            hit = module if _internal(module) else real.removesuffix(".*")
+            if _internal(hit) and id(node) not in reported:
                 reported.add(id(node))
-                findings.append(self.finding(source, node, f"imports `{hit}`: the framework's ledger, verifiers "
-                                             "and internals are not the job's to touch"))
+                findings.append(
+                    self.finding(
+                        source,
+                        node,
+                        f"imports `{hit}`: the framework's ledger, verifiers and internals are not the job's to touch",
+                    )
+                )
         return findings
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .._loop import KIND_WORDS, RANGE_CUT as _RANGE_CUT, UPDATE_KINDS, LoopModel, Op
+from .._loop import KIND_WORDS, RANGE_CUT as _RANGE_CUT, UPDATE_KINDS, LoopModel, Op, loop_model
 from .._realwork import FILTERED_KINDS, Anchors, RealWork
 from .._rule import AuditContext, Example, Finding, Rule
 from .._source import SourceModel
 
-_DECOYS = '''
+_DECOYS = """
 import torch
 from infrarsi import probe
 p = probe.from_env()
@@ -34,9 +34,9 @@ for step in range(1, steps + 1):
     clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad()
-'''
+"""
 
-_BASE = '''
+_BASE = """
 from infrarsi import probe
 p = probe.from_env()
 for step in range(1, steps + 1):
@@ -46,7 +46,7 @@ for step in range(1, steps + 1):
         clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
-'''
+"""
 
 
 class TimingBoundary(Rule):
@@ -54,14 +54,23 @@ class TimingBoundary(Rule):
     message = "update work the baseline measures is no longer measured every step"
     needs_baseline = True
     VALID = [
-        Example(_BASE.replace("        opt.zero_grad()\n", "").replace("        loss = model", "        opt.zero_grad()\n        loss = model"),
-                baseline=_BASE, note="zero_grad moved to the start of the step: still measured"),
+        Example(
+            _BASE.replace("        opt.zero_grad()\n", "").replace(
+                "        loss = model", "        opt.zero_grad()\n        loss = model"
+            ),
+            baseline=_BASE,
+            note="zero_grad moved to the start of the step: still measured",
+        ),
         Example(_BASE.replace("loss = model(x, y)", "loss = compiled(x, y)"), baseline=_BASE),
-        Example(_BASE.replace("loss = model(x, y)", "loss = F.cross_entropy(model(x), y)"),
-                baseline=_BASE.replace("loss = model(x, y)", "logits = model(x)\n        loss = F.cross_entropy(logits, y)")
-                .replace("from infrarsi", "import torch.nn.functional as F\nfrom infrarsi"),
-                note="the forward folded into the loss line: still measured"),
-        Example('''
+        Example(
+            _BASE.replace("loss = model(x, y)", "loss = F.cross_entropy(model(x), y)"),
+            baseline=_BASE.replace(
+                "loss = model(x, y)", "logits = model(x)\n        loss = F.cross_entropy(logits, y)"
+            ).replace("from infrarsi", "import torch.nn.functional as F\nfrom infrarsi"),
+            note="the forward folded into the loss line: still measured",
+        ),
+        Example(
+            """
 from infrarsi import probe as pr
 p = pr.from_env()
 def train_step(batch):
@@ -72,9 +81,12 @@ def train_step(batch):
 for step in range(1, steps + 1):
     with p.step(step):
         train_step(batch)
-''', baseline=_BASE.replace("clip_grad_norm_(model.parameters(), 1.0)\n        ", ""),
-                note="refactored into a function the region calls"),
-        Example('''
+""",
+            baseline=_BASE.replace("clip_grad_norm_(model.parameters(), 1.0)\n        ", ""),
+            note="refactored into a function the region calls",
+        ),
+        Example(
+            """
 import time as t
 for step in range(steps):
     start = t.perf_counter()
@@ -83,7 +95,8 @@ for step in range(steps):
     fut = pool.submit(opt.step)
     fut.result()
     elapsed = t.perf_counter() - start
-''', baseline='''
+""",
+            baseline="""
 import time as t
 for step in range(steps):
     start = t.perf_counter()
@@ -91,30 +104,63 @@ for step in range(steps):
     loss.backward()
     opt.step()
     elapsed = t.perf_counter() - start
-''', note="handed to an executor, but the region waits for it"),
-        Example(_BASE.replace("loss.backward()", "loss.mul(1.0).backward()"), baseline=_BASE,
-                note="the backward of an expression of the loss: the same work"),
+""",
+            note="handed to an executor, but the region waits for it",
+        ),
+        Example(
+            _BASE.replace("loss.backward()", "loss.mul(1.0).backward()"),
+            baseline=_BASE,
+            note="the backward of an expression of the loss: the same work",
+        ),
     ]
     INVALID = [
-        Example(_DECOYS, baseline=_BASE, note="decoys left in the region: a backward on a dummy tensor, the step "
-                "of a dummy optimizer; the real work after it"),
-        Example(_BASE.replace("        loss.backward()\n", "        loss.detach().requires_grad_().backward()\n")
-                .replace("        opt.zero_grad()\n", "        opt.zero_grad()\n    loss.backward()\n"),
-                baseline=_BASE, note="a backward on the detached loss in the region, the real one after it"),
-        Example(_BASE.replace("        loss = model(x, y)\n", "").replace("    with p.step", "    loss = model(x, y)\n    with p.step"),
-                baseline=_BASE, note="the forward and loss computed before the measured region"),
-        Example(_BASE.replace("        opt.step()\n        opt.zero_grad()\n", "    opt.step()\n    opt.zero_grad()\n"),
-                baseline=_BASE, note="optimizer update moved after the measured region"),
-        Example(_BASE.replace("        opt.step()\n", "        if step <= 5:\n            opt.step()\n"),
-                baseline=_BASE, note="made conditional on the step index"),
+        Example(
+            _DECOYS,
+            baseline=_BASE,
+            note="decoys left in the region: a backward on a dummy tensor, the step "
+            "of a dummy optimizer; the real work after it",
+        ),
+        Example(
+            _BASE.replace("        loss.backward()\n", "        loss.detach().requires_grad_().backward()\n").replace(
+                "        opt.zero_grad()\n", "        opt.zero_grad()\n    loss.backward()\n"
+            ),
+            baseline=_BASE,
+            note="a backward on the detached loss in the region, the real one after it",
+        ),
+        Example(
+            _BASE.replace("        loss = model(x, y)\n", "").replace(
+                "    with p.step", "    loss = model(x, y)\n    with p.step"
+            ),
+            baseline=_BASE,
+            note="the forward and loss computed before the measured region",
+        ),
+        Example(
+            _BASE.replace("        opt.step()\n        opt.zero_grad()\n", "    opt.step()\n    opt.zero_grad()\n"),
+            baseline=_BASE,
+            note="optimizer update moved after the measured region",
+        ),
+        Example(
+            _BASE.replace("        opt.step()\n", "        if step <= 5:\n            opt.step()\n"),
+            baseline=_BASE,
+            note="made conditional on the step index",
+        ),
         Example(_BASE.replace("        loss.backward()\n", ""), baseline=_BASE, note="backward removed"),
-        Example(_BASE.replace("        opt.step()\n", "        threading.Thread(target=opt.step).start()\n")
-                .replace("from infrarsi", "import threading\nfrom infrarsi"),
-                baseline=_BASE, note="handed to a thread the region does not join"),
-        Example(_BASE.replace("        opt.step()\n", "        with torch.cuda.stream(side):\n            opt.step()\n")
-                .replace("from infrarsi", "import torch\nfrom infrarsi"),
-                baseline=_BASE, note="run on another CUDA stream the region does not wait for"),
-        Example('''
+        Example(
+            _BASE.replace("        opt.step()\n", "        threading.Thread(target=opt.step).start()\n").replace(
+                "from infrarsi", "import threading\nfrom infrarsi"
+            ),
+            baseline=_BASE,
+            note="handed to a thread the region does not join",
+        ),
+        Example(
+            _BASE.replace(
+                "        opt.step()\n", "        with torch.cuda.stream(side):\n            opt.step()\n"
+            ).replace("from infrarsi", "import torch\nfrom infrarsi"),
+            baseline=_BASE,
+            note="run on another CUDA stream the region does not wait for",
+        ),
+        Example(
+            """
 import time
 for step in range(steps):
     t0 = time.perf_counter()
@@ -122,7 +168,8 @@ for step in range(steps):
     loss.backward()
     t1 = time.perf_counter()
     opt.step()
-''', baseline='''
+""",
+            baseline="""
 import time
 for step in range(steps):
     t0 = time.perf_counter()
@@ -130,13 +177,15 @@ for step in range(steps):
     loss.backward()
     opt.step()
     t1 = time.perf_counter()
-''', note="moved past a hand-made timer's end"),
+""",
+            note="moved past a hand-made timer's end",
+        ),
     ]
 
     def check(self, source: SourceModel, ctx: AuditContext) -> list[Finding]:
         if ctx.baseline is None:
             return []
-        before, after = ctx.baseline.loop_model(), source.loop_model()
+        before, after = loop_model(ctx.baseline), loop_model(source)
         anchors = Anchors.of(ctx.baseline)
         real_before = RealWork(before, anchors) if anchors else None
         real_after = RealWork(after, anchors) if anchors else None
@@ -144,8 +193,11 @@ for step in range(steps):
         findings = []
         for kind in UPDATE_KINDS:
             old_ops, new_ops = _ops(before, kind), _ops(after, kind)
-            if real_before is not None and kind in FILTERED_KINDS \
-                    and any(real_before.real(o) for o in old_ops if o.in_region and not o.handed_off):
+            if (
+                real_before is not None
+                and kind in FILTERED_KINDS
+                and any(real_before.real(o) for o in old_ops if o.in_region and not o.handed_off)
+            ):
                 # The baseline's real work of this kind is measured: judge the patch by its real work,
                 # so a decoy of the same kind left in the region does not hide the real one's move.
                 old_ops = [o for o in old_ops if real_before.real(o)]
@@ -164,18 +216,29 @@ for step in range(steps):
             outside = [o for o in new_ops if not o.in_region]
             if new_guards:
                 op = new_guards[0]
-                findings.append(self.finding(source, op.node, f"{what} is made conditional on the step index or "
-                                             f"on being measured (`{op.conditions[-1]}`)"))
+                findings.append(
+                    self.finding(
+                        source,
+                        op.node,
+                        f"{what} is made conditional on the step index or on being measured (`{op.conditions[-1]}`)",
+                    )
+                )
             elif len(handed) > sum(1 for o in old_ops if o.in_region and o.handed_off):
                 op = handed[0]
-                findings.append(self.finding(source, op.node, f"{what} is handed to {op.handed_off} that the "
-                                             "measured region does not wait for"))
+                findings.append(
+                    self.finding(
+                        source,
+                        op.node,
+                        f"{what} is handed to {op.handed_off} that the measured region does not wait for",
+                    )
+                )
             elif len(outside) > sum(1 for o in old_ops if not o.in_region):
                 findings.append(self.finding(source, outside[0].node, f"{what} is moved out of the measured region"))
             else:
                 gone, total = sum(lost.values()), sum(was.values())
-                findings.append(self.finding(source, anchor, f"{what} is removed from the measured region "
-                                             f"({gone} of {total} gone)"))
+                findings.append(
+                    self.finding(source, anchor, f"{what} is removed from the measured region ({gone} of {total} gone)")
+                )
         return findings
 
 

@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._workspace import run
+from infrarsi import run
+from infrarsi._search import search
 from infrarsi.examples.landscape import Landscape
-from infrarsi.search import search
 
 __all__ = ["Arena", "ours", "random_search", "greedy", "tpe", "point_key"]
 
@@ -39,9 +39,13 @@ class Arena:
         """One real execution through the runner, recorded in this workspace's ledger."""
         outcome = run(self.contract, sets=dict(knobs), patches=sorted(patches))
         ok = outcome.status == "ok" and outcome.step_time_s
-        return {"status": outcome.status, "speedup": self.base_step_s / outcome.step_time_s if ok else None,
-                "step_time_s": outcome.step_time_s if ok else None,
-                "knobs": dict(knobs), "patches": sorted(patches)}
+        return {
+            "status": outcome.status,
+            "speedup": self.base_step_s / outcome.step_time_s if ok else None,
+            "step_time_s": outcome.step_time_s if ok else None,
+            "knobs": dict(knobs),
+            "patches": sorted(patches),
+        }
 
 
 def ours(arena: Arena, seed: int, pack: Path | None = None) -> list[dict]:
@@ -59,8 +63,12 @@ def random_search(arena: Arena, seed: int) -> list[dict]:
 
 
 def _single_changes(land: Landscape, knobs: dict, patches: list[str]) -> list[tuple[dict, list[str]]]:
-    out = [({**knobs, name: value}, patches) for name, (choices, _) in land.knobs.items()
-           for value in choices if value != knobs[name]]
+    out = [
+        ({**knobs, name: value}, patches)
+        for name, (choices, _) in land.knobs.items()
+        for value in choices
+        if value != knobs[name]
+    ]
     return out + [(knobs, sorted(patches + [p])) for p in land.patches if p not in patches]
 
 
@@ -105,11 +113,14 @@ def tpe(arena: Arena, seed: int, joint: bool) -> tuple[list[dict], int]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    dists = {name: optuna.distributions.CategoricalDistribution(list(choices))
-             for name, (choices, _) in sorted(arena.land.knobs.items())}
+    dists = {
+        name: optuna.distributions.CategoricalDistribution(list(choices))
+        for name, (choices, _) in sorted(arena.land.knobs.items())
+    }
     if joint:
-        dists.update({f"patch:{p}": optuna.distributions.CategoricalDistribution([False, True])
-                      for p in arena.land.patches})
+        dists.update(
+            {f"patch:{p}": optuna.distributions.CategoricalDistribution([False, True]) for p in arena.land.patches}
+        )
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     base_params = {**arena.baseline_knobs(), **{f"patch:{p}": False for p in arena.land.patches if joint}}
     study.add_trial(optuna.trial.create_trial(params=base_params, distributions=dists, value=arena.base_step_s))
@@ -117,7 +128,7 @@ def tpe(arena: Arena, seed: int, joint: bool) -> tuple[list[dict], int]:
     seen = {point_key(arena.baseline_knobs(), []): arena.base_step_s}
     history: list[dict] = []
     repeats = 0
-    for _ in range(20 * arena.budget):   # a bound on suggestions, should TPE keep repeating itself
+    for _ in range(20 * arena.budget):  # a bound on suggestions, should TPE keep repeating itself
         if len(history) >= arena.budget:
             break
         trial = study.ask(dists)

@@ -38,8 +38,14 @@ def score_run(land: Landscape, history: list[dict], budget: int) -> dict:
         feasible = land.feasible(entry["knobs"], entry["patches"])
         mismatches += (entry["status"] == "ok") != feasible and entry["status"] in ("ok", "oom", "crash")
     start = land.speedup({name: base for name, (_, base) in land.knobs.items()}, []) / land.optimum()
-    return {"final": fractions[-1] if fractions else start, "to95": reached, "executions": len(history),
-            "statuses": statuses, "mismatches": mismatches, "fractions": [round(f, 4) for f in fractions]}
+    return {
+        "final": fractions[-1] if fractions else start,
+        "to95": reached,
+        "executions": len(history),
+        "statuses": statuses,
+        "mismatches": mismatches,
+        "fractions": [round(f, 4) for f in fractions],
+    }
 
 
 def _median_to95(runs: list[dict], budget: int) -> float:
@@ -49,10 +55,14 @@ def _median_to95(runs: list[dict], budget: int) -> float:
 def summarise(runs: list[dict], budget: int) -> dict:
     """Median and worst final fraction, median executions to 95% (never = budget + 1), share reaching 95%."""
     finals = [r["final"] for r in runs]
-    return {"seeds": len(runs), "median_fraction": statistics.median(finals), "worst_fraction": min(finals),
-            "median_to95": _median_to95(runs, budget),
-            "reached95": sum(r["to95"] is not None for r in runs),
-            "mean_executions": statistics.fmean(r["executions"] for r in runs),
-            "mean_oom": statistics.fmean(r["statuses"].get("oom", 0) for r in runs),
-            "mean_crash": statistics.fmean(r["statuses"].get("crash", 0) for r in runs),
-            "mismatches": sum(r["mismatches"] for r in runs)}
+    return {
+        "seeds": len(runs),
+        "median_fraction": statistics.median(finals),
+        "worst_fraction": min(finals),
+        "median_to95": _median_to95(runs, budget),
+        "reached95": sum(r["to95"] is not None for r in runs),
+        "mean_executions": statistics.fmean(r["executions"] for r in runs),
+        "mean_oom": statistics.fmean(r["statuses"].get("oom", 0) for r in runs),
+        "mean_crash": statistics.fmean(r["statuses"].get("crash", 0) for r in runs),
+        "mismatches": sum(r["mismatches"] for r in runs),
+    }

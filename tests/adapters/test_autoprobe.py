@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from infrarsi._candidate import resolve_candidate
-from infrarsi._contract import load_contract
 from infrarsi._hashing import hash_protected
-from infrarsi._receipts import parse_receipts
-from infrarsi._runner import LocalExecutor, build_argv
 from infrarsi.autoprobe import AutoProbe
+from infrarsi.contract._candidate import resolve_candidate
+from infrarsi.contract._contract import load_contract
 from infrarsi.probe import Probe
+from infrarsi.runner._executor import LocalExecutor, build_argv
+from infrarsi.runner._receipts import parse_receipts
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "nanogpt_style.py"
 WARMUP, MEASURE = 2, 4
@@ -79,9 +79,15 @@ def workspace(root: Path, evidence: str, *args: str, script: str | None = None) 
     else:
         (root / "train.py").write_text(textwrap.dedent(script))
     command = json.dumps(["python", "train.py", *args])
-    (root / "infrarsi.toml").write_text(CONTRACT.format(
-        command=command, evidence=evidence, warmup=WARMUP, measure=MEASURE,
-        extra=LOG_TABLE if evidence == "log" else ""))
+    (root / "infrarsi.toml").write_text(
+        CONTRACT.format(
+            command=command,
+            evidence=evidence,
+            warmup=WARMUP,
+            measure=MEASURE,
+            extra=LOG_TABLE if evidence == "log" else "",
+        )
+    )
     return root
 
 
@@ -167,9 +173,11 @@ def test_auto_observes_the_runners_sampled_steps(auto_fp32, auto_bf16_accum):
 def test_auto_measures_a_script_that_sets_fp32_precision(tmp_path):
     # The backends disagree, so torch.get_float32_matmul_precision() raises: the autoprobe
     # used to lose every receipt after the first step there.
-    script = FIXTURE.read_text().replace("import torch\n", "import torch\n"
-                                         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
-                                         "torch.backends.fp32_precision = 'ieee'\n", 1)
+    script = FIXTURE.read_text().replace(
+        "import torch\n",
+        "import torch\ntorch.backends.cuda.matmul.fp32_precision = 'tf32'\ntorch.backends.fp32_precision = 'ieee'\n",
+        1,
+    )
     assert script != FIXTURE.read_text()
     root = workspace(tmp_path / "ws", "auto", script=script)
     result = execute(root)
@@ -268,20 +276,28 @@ def clean_env() -> dict[str, str]:
 
 
 def autoprobe(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infrarsi.autoprobe", *args], cwd=cwd, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "infrarsi.autoprobe", *args],
+        cwd=cwd,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_without_a_runner_the_script_runs_unchanged(tmp_path):
     job = tmp_path / "job"
     job.mkdir()
     (job / "helper.py").write_text("GREETING = 'hello from a sibling module'\n")
-    (job / "main.py").write_text(textwrap.dedent("""
+    (job / "main.py").write_text(
+        textwrap.dedent("""
         import sys
         from helper import GREETING
         print(GREETING, sys.argv, __name__, 'torch' in sys.modules)
         raise SystemExit(int(sys.argv[-1]))
-    """))
+    """)
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = autoprobe("../job/main.py", "--flag", "4", cwd=elsewhere)
@@ -449,8 +465,9 @@ def test_a_failing_hook_stops_recording_but_never_the_training(recorder, capfd):
 def test_auto_keeps_the_interpreters_own_options_before_the_script(tmp_path):
     root = workspace(tmp_path / "ws", "auto")
     contract = root / "infrarsi.toml"
-    contract.write_text(contract.read_text().replace('["python", "train.py"]',
-                                                     '["python", "-u", "-W", "ignore", "train.py"]'))
+    contract.write_text(
+        contract.read_text().replace('["python", "train.py"]', '["python", "-u", "-W", "ignore", "train.py"]')
+    )
     argv, _ = build_argv(load_contract(contract), resolve_candidate(load_contract(contract), {}, []))
     assert argv[1:7] == ["-u", "-W", "ignore", "-m", "infrarsi.autoprobe", "train.py"]
     result = execute(root)

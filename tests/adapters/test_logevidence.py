@@ -7,11 +7,10 @@ import math
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from infrarsi._logevidence import compile_patterns, receipts_from_log
-from infrarsi._receipts import parse_receipts
+from infrarsi.runner._logevidence import compile_patterns, receipts_from_log
+from infrarsi.runner._receipts import parse_receipts
 
 PATTERNS = {"step": r"iter (\d+)", "loss": r"loss ([0-9.eE+-]+|nan|inf)", "grad_norm": r"grad_norm (\S+)"}
 
@@ -21,19 +20,45 @@ def stamped(*texts: str, start: int = 1000, every: int = 10) -> list[tuple[int, 
 
 
 def test_each_step_line_ends_its_step_on_the_runners_clock():
-    recs = receipts_from_log(stamped("iter 1: loss 2.5 grad_norm 0.9", "iter 2: loss 2.25 grad_norm 0.8"),
-                             PATTERNS, start_ns=1000)
+    recs = receipts_from_log(
+        stamped("iter 1: loss 2.5 grad_norm 0.9", "iter 2: loss 2.25 grad_norm 0.8"), PATTERNS, start_ns=1000
+    )
     assert recs == [
-        {"type": "step", "step": 1, "t0_ns": 1000, "t1_ns": 1010, "tokens": None, "loss": 2.5,
-         "grad_norm": 0.9, "peak_mem_bytes": None, "clock": "runner", "extra": {"log_step": 1}},
-        {"type": "step", "step": 2, "t0_ns": 1010, "t1_ns": 1020, "tokens": None, "loss": 2.25,
-         "grad_norm": 0.8, "peak_mem_bytes": None, "clock": "runner", "extra": {"log_step": 2}},
+        {
+            "type": "step",
+            "step": 1,
+            "t0_ns": 1000,
+            "t1_ns": 1010,
+            "tokens": None,
+            "loss": 2.5,
+            "grad_norm": 0.9,
+            "peak_mem_bytes": None,
+            "clock": "runner",
+            "extra": {"log_step": 1},
+        },
+        {
+            "type": "step",
+            "step": 2,
+            "t0_ns": 1010,
+            "t1_ns": 1020,
+            "tokens": None,
+            "loss": 2.25,
+            "grad_norm": 0.8,
+            "peak_mem_bytes": None,
+            "clock": "runner",
+            "extra": {"log_step": 2},
+        },
     ]
 
 
 def test_values_on_later_lines_belong_to_the_last_step_line():
-    recs = receipts_from_log(stamped("warming up, loss 99", "iter 1", "  loss 2.5", "  grad_norm 0.5",
-                                     "  loss 7.0", "iter 2", "grad_norm 0.4"), PATTERNS, 0)
+    recs = receipts_from_log(
+        stamped(
+            "warming up, loss 99", "iter 1", "  loss 2.5", "  grad_norm 0.5", "  loss 7.0", "iter 2", "grad_norm 0.4"
+        ),
+        PATTERNS,
+        0,
+    )
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in recs] == [(1, 2.5, 0.5), (2, None, 0.4)]
 
 
@@ -44,8 +69,9 @@ def test_a_log_counting_from_zero_is_shifted_to_the_runners_steps():
 
 
 def test_a_repeated_step_keeps_the_first_line_and_its_boundary():
-    recs = receipts_from_log(stamped("iter 1: loss 2", "iter 2: loss 1.5", "iter 2: loss 9", "loss 8",
-                                     "iter 3: loss 1"), PATTERNS, 0)
+    recs = receipts_from_log(
+        stamped("iter 1: loss 2", "iter 2: loss 1.5", "iter 2: loss 9", "loss 8", "iter 3: loss 1"), PATTERNS, 0
+    )
     assert [(r["step"], r["loss"]) for r in recs] == [(1, 2.0), (2, 1.5), (3, 1.0)]
     assert recs[2]["t0_ns"] == recs[1]["t1_ns"]
 
@@ -56,10 +82,18 @@ def test_a_sparse_log_leaves_gaps_instead_of_inventing_steps():
     assert parse_receipts([json.dumps(r) for r in recs]).step_times(0, 20) is None
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("loss 1.5.5", None), ("loss ..", None), ("loss -", None), ("loss 1e999", math.inf),
-    ("loss 2.5.", 2.5), ("loss 1e-3", 1e-3), ("loss inf", math.inf),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("loss 1.5.5", None),
+        ("loss ..", None),
+        ("loss -", None),
+        ("loss 1e999", math.inf),
+        ("loss 2.5.", 2.5),
+        ("loss 1e-3", 1e-3),
+        ("loss inf", math.inf),
+    ],
+)
 def test_numbers_that_do_not_parse_are_null(text, expected):
     [rec] = receipts_from_log([(5, f"iter 1 {text}")], PATTERNS, 0)
     assert rec["loss"] == expected
@@ -72,8 +106,9 @@ def test_nan_is_kept_a_diverged_loss_is_evidence():
 
 def test_a_step_number_that_does_not_parse_is_not_a_step():
     patterns = {"step": r"step (\S+)", "loss": r"loss (\S+)"}
-    recs = receipts_from_log(stamped("step 1 loss 3", "step x loss 2", "step 2.0 loss 1", "step 3.5 loss 0"),
-                             patterns, 0)
+    recs = receipts_from_log(
+        stamped("step 1 loss 3", "step x loss 2", "step 2.0 loss 1", "step 3.5 loss 0"), patterns, 0
+    )
     assert [(r["step"], r["loss"]) for r in recs] == [(1, 3.0), (2, 1.0)]
 
 
@@ -96,9 +131,13 @@ def test_records_survive_the_runners_json_round_trip():
     assert receipts.trajectory("loss", 2) == [None, 1.0]
 
 
-lines_strategy = st.lists(st.tuples(st.integers(min_value=-2**63, max_value=2**63),
-                                    st.one_of(st.text(), st.from_regex(r"iter -?\d{1,30}( loss \S*)?( grad_norm \S*)?",
-                                                                       fullmatch=True))), max_size=40)
+lines_strategy = st.lists(
+    st.tuples(
+        st.integers(min_value=-(2**63), max_value=2**63),
+        st.one_of(st.text(), st.from_regex(r"iter -?\d{1,30}( loss \S*)?( grad_norm \S*)?", fullmatch=True)),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=300, deadline=None)

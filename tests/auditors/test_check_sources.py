@@ -12,8 +12,10 @@ from infrarsi.auditors import audit_check_ids, check_sources
 
 TINYGPT = Path(__file__).parents[2] / "examples" / "tinygpt"
 TRAIN = (TINYGPT / "train.py").read_text()
-MOVED = TRAIN.replace("            opt.step()\n            opt.zero_grad(set_to_none=True)\n",
-                      "        opt.step()\n        opt.zero_grad(set_to_none=True)\n")
+MOVED = TRAIN.replace(
+    "            opt.step()\n            opt.zero_grad(set_to_none=True)\n",
+    "        opt.step()\n        opt.zero_grad(set_to_none=True)\n",
+)
 
 
 def _by_id(results):
@@ -21,8 +23,9 @@ def _by_id(results):
 
 
 def test_one_check_per_rule_all_pass_for_an_honest_change():
-    results = check_sources({"train.py": (TRAIN, TRAIN.replace("loss_sum = 0.0", "loss_sum = 0.0  # sum"))},
-                            ["fp32"], ["data/**"])
+    results = check_sources(
+        {"train.py": (TRAIN, TRAIN.replace("loss_sum = 0.0", "loss_sum = 0.0  # sum"))}, ["fp32"], ["data/**"]
+    )
     assert [r.id for r in results] == list(audit_check_ids())
     assert all(r.status == "pass" for r in results), [r.to_json() for r in results if not r.passed]
 
@@ -49,8 +52,9 @@ def test_unparseable_sources_never_pass():
 
 
 def _lint(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "infrarsi.cli", "lint", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "lint", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_lint_cli_exit_codes_and_json(tmp_path):

@@ -28,8 +28,17 @@ MANIFEST = FIXTURES / "cases.toml"
 DEFAULT_PRECISION = ("fp32",)
 # The rule modules this corpus was written against; RULES must know every id a case expects.
 KNOWN_RULES = {
-    "timing_boundary", "clock_patched", "probe_shadowed", "receipts_touched", "measured_detection",
-    "framework_write", "precision_downgrade", "step_skip", "cached_result", "dynamic_code", "monkeypatch",
+    "timing_boundary",
+    "clock_patched",
+    "probe_shadowed",
+    "receipts_touched",
+    "measured_detection",
+    "framework_write",
+    "precision_downgrade",
+    "step_skip",
+    "cached_result",
+    "dynamic_code",
+    "monkeypatch",
     "introspection",
 }
 DIFF_ONLY_RULES = {"timing_boundary"}  # skipped by audit_source, which has no baseline
@@ -75,6 +84,7 @@ def _require_auditor() -> None:
 
 # -- the auditor on every case ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_case(case: dict):
     _require_auditor()
@@ -85,8 +95,7 @@ def test_case(case: dict):
     path = Path(case["file"]).name
     patched = _read(case["file"])
     if case.get("against"):
-        findings = audit_diff(_read(case["against"]), patched, path=path,
-                              precision=precision, protected=protected)
+        findings = audit_diff(_read(case["against"]), patched, path=path, precision=precision, protected=protected)
     else:
         findings = audit_source(patched, path=path, precision=precision, protected=protected)
     expect = case["expect"]
@@ -112,6 +121,7 @@ def test_every_expected_rule_exists():
 
 
 # -- the corpus itself (no auditor needed) --------------------------------------------------------
+
 
 def test_manifest_loads_and_has_the_expected_shape():
     assert CASES, "cases.toml has no [[case]] tables"

@@ -38,12 +38,16 @@ def _compare(text: str) -> list[str]:
     model = SourceModel(text, "x.py")
     reference = _Reference()
     MetadataWrapper(model.module, unsafe_skip_copy=True).visit(reference)
-    return [f"{model.code(node)!r}: libcst {sorted(want)}, ours {sorted(model.qnames(node))}"
-            for node, want in reference.names.items() if model.qnames(node) != want]
+    return [
+        f"{model.code(node)!r}: libcst {sorted(want)}, ours {sorted(model.qnames(node))}"
+        for node, want in reference.names.items()
+        if model.qnames(node) != want
+    ]
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=[p.name if p.parent.name == "tinygpt" else
-                                                 f"{p.parent.name}/{p.name}" for p in SOURCES])
+@pytest.mark.parametrize(
+    "path", SOURCES, ids=[p.name if p.parent.name == "tinygpt" else f"{p.parent.name}/{p.name}" for p in SOURCES]
+)
 def test_agrees_with_libcst_on_imported_names(path):
     assert _compare(path.read_text()) == []
 

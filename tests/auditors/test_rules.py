@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from infrarsi.auditors import RULES, AuditContext, SourceError, SourceModel, audit_diff, audit_source
 from infrarsi.auditors._rule import as_example
 
-CASES = [(rule_id, kind, i, as_example(item))
-         for rule_id, rule in RULES.items()
-         for kind, items in (("VALID", rule.VALID), ("INVALID", rule.INVALID))
-         for i, item in enumerate(items)]
+CASES = [
+    (rule_id, kind, i, as_example(item))
+    for rule_id, rule in RULES.items()
+    for kind, items in (("VALID", rule.VALID), ("INVALID", rule.INVALID))
+    for i, item in enumerate(items)
+]
 
 
 def _run(rule_id, example):
@@ -39,15 +40,27 @@ def test_every_rule_has_examples_both_ways_and_a_message(rule_id):
 
 
 def test_the_issue_rules_are_all_there():
-    assert set(RULES) >= {"timing_boundary", "clock_patched", "probe_shadowed", "receipts_touched",
-                          "measured_detection", "framework_write", "precision_downgrade", "step_skip",
-                          "cached_result", "dynamic_code", "monkeypatch", "introspection"}
+    assert set(RULES) >= {
+        "timing_boundary",
+        "clock_patched",
+        "probe_shadowed",
+        "receipts_touched",
+        "measured_detection",
+        "framework_write",
+        "precision_downgrade",
+        "step_skip",
+        "cached_result",
+        "dynamic_code",
+        "monkeypatch",
+        "introspection",
+    }
 
 
 def test_aliases_resolve():
     """`import time as t` and `clip_grad_norm_ as clip` are seen through."""
-    src = SourceModel("import time as t\nfrom torch.nn.utils import clip_grad_norm_ as clip\n"
-                      "t.perf_counter()\nclip(params, 1.0)\n")
+    src = SourceModel(
+        "import time as t\nfrom torch.nn.utils import clip_grad_norm_ as clip\nt.perf_counter()\nclip(params, 1.0)\n"
+    )
     calls = [n for n in src.nodes if type(n).__name__ == "Call"]
     assert src.resolves_to(calls[0], "time.perf_counter")
     assert src.resolves_to(calls[1], "torch.nn.utils.clip_grad_norm_")
@@ -73,7 +86,7 @@ _SNIPPETS = [e.code for _, _, _, e in CASES]
 @given(st.sampled_from(_SNIPPETS), st.integers(0, 400), st.integers(0, 30), st.text(max_size=8))
 def test_mangled_sources_never_crash_the_audit(snippet, at, cut, junk):
     """Any text: either a SourceError (a clear message) or a list of findings, never a traceback."""
-    text = snippet[:at] + junk + snippet[at + cut:]
+    text = snippet[:at] + junk + snippet[at + cut :]
     try:
         findings = audit_diff(snippet, text, "fuzz.py", ("fp32",), ("data/**",))
     except SourceError as exc:
@@ -88,5 +101,4 @@ def test_audit_rules_doc_is_generated_from_the_rules():
     from infrarsi.auditors._docs import audit_rules_reference
 
     doc = Path(__file__).parents[2] / "docs" / "audit-rules.md"
-    assert doc.read_text() == audit_rules_reference(), \
-        "run: python -m infrarsi.auditors._docs > docs/audit-rules.md"
+    assert doc.read_text() == audit_rules_reference(), "run: python -m infrarsi.auditors._docs > docs/audit-rules.md"

@@ -6,11 +6,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from corpus_labels import TINYGPT
 
 import infrarsi
-from infrarsi._workspace import init
-
-from corpus_labels import HERE, TINYGPT
+from infrarsi import init
 
 
 def short_window(folder: Path) -> Path:

@@ -21,11 +21,14 @@ from infrarsi._workspace import open_workspace
 CONTAINMENT_CHEATS = sorted(p.stem for p in (HERE / "containment").glob("*.diff"))
 
 
-@pytest.mark.parametrize(("name", "sets"), [(name, {}) for name in CONTAINMENT_CHEATS]
-                         + [("daemon-slows-the-baseline", {"attention": "sdpa"})])
+@pytest.mark.parametrize(
+    ("name", "sets"),
+    [(name, {}) for name in CONTAINMENT_CHEATS] + [("daemon-slows-the-baseline", {"attention": "sdpa"})],
+)
 def test_a_process_left_behind_is_found_killed_and_fails_containment(tinygpt_workspace, name, sets):
-    outcome = infrarsi.verify(tinygpt_workspace, sets=sets, patches=[str(HERE / "containment" / f"{name}.diff")],
-                              pairs=0, keep_going=True)
+    outcome = infrarsi.verify(
+        tinygpt_workspace, sets=sets, patches=[str(HERE / "containment" / f"{name}.diff")], pairs=0, keep_going=True
+    )
     assert not outcome.accepted
     by_id = {c.id: c for c in outcome.checks}
     containment = by_id["integrity.containment"]

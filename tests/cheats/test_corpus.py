@@ -8,8 +8,6 @@ stage is left out here (``pairs=0``): correctness is what the corpus is about.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from corpus_labels import AUDIT, EXPECTED, HERE
 
@@ -28,8 +26,9 @@ def test_corpus_is_large_enough_and_fully_labelled():
 
 @pytest.mark.parametrize("name", CHEATS)
 def test_cheat_is_rejected_by_the_audit_and_by_the_expected_family(tinygpt_workspace, name):
-    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "cheat" / f"{name}.diff")], pairs=0,
-                              keep_going=True)
+    outcome = infrarsi.verify(
+        tinygpt_workspace, patches=[str(HERE / "cheat" / f"{name}.diff")], pairs=0, keep_going=True
+    )
     assert not outcome.accepted
     failing = [c for c in outcome.checks if c.status in ("fail", "unchecked")]
     assert failing, f"{name}: nothing failed: {[c.to_json() for c in outcome.checks]}"
@@ -51,8 +50,7 @@ def test_the_audit_rejects_before_running(tinygpt_workspace):
 @pytest.mark.parametrize("name", HONEST)
 def test_honest_patch_passes_every_correctness_check(tinygpt_workspace, name):
     sets = {"attention": "sdpa"} if name == "batched-heads" else {}
-    outcome = infrarsi.verify(tinygpt_workspace, sets=sets, patches=[str(HERE / "honest" / f"{name}.diff")],
-                              pairs=0)
+    outcome = infrarsi.verify(tinygpt_workspace, sets=sets, patches=[str(HERE / "honest" / f"{name}.diff")], pairs=0)
     judged = {c.id: c for c in outcome.checks if c.id != "stats.speedup"}
     assert all(c.status == "pass" for c in judged.values()), [c.to_json() for c in judged.values() if not c.passed]
     assert outcome.checks[-1].id == "stats.speedup" and outcome.checks[-1].status == "skipped"
@@ -64,8 +62,9 @@ AUDIT_ONLY = sorted(p.stem for p in (HERE / "audit_only").glob("*.diff"))
 @pytest.mark.parametrize("name", AUDIT_ONLY)
 def test_cheat_only_the_source_audit_can_see(tinygpt_workspace, name):
     """Work moved out of the timed region: the numbers and both clocks agree; only the audit sees it."""
-    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "audit_only" / f"{name}.diff")], pairs=0,
-                              keep_going=True)
+    outcome = infrarsi.verify(
+        tinygpt_workspace, patches=[str(HERE / "audit_only" / f"{name}.diff")], pairs=0, keep_going=True
+    )
     assert not outcome.accepted
     failing = {c.id for c in outcome.checks if c.status in ("fail", "unchecked")}
     assert failing == set(AUDIT[name]), [c.to_json() for c in outcome.checks if not c.passed]

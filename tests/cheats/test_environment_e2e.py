@@ -23,14 +23,19 @@ PLANTED = ("tinygpt_startup.pth", "_tinygpt_startup.py")
 def test_a_startup_hook_left_in_site_packages_fails_integrity_and_is_removed(tinygpt_workspace):
     site_packages = Path(sysconfig.get_paths()["purelib"])
     try:
-        outcome = infrarsi.verify(tinygpt_workspace,
-                                  patches=[str(HERE / "environment" / "startup-hook-slows-the-baseline.diff")],
-                                  pairs=0, keep_going=True)
+        outcome = infrarsi.verify(
+            tinygpt_workspace,
+            patches=[str(HERE / "environment" / "startup-hook-slows-the-baseline.diff")],
+            pairs=0,
+            keep_going=True,
+        )
         by_id = {c.id: c for c in outcome.checks}
         framework = by_id["integrity.framework"]
         assert not outcome.accepted
-        assert framework.status == "fail" and "tinygpt_startup.pth (added, removed again)" in framework.detail, framework
-        assert by_id["numerics.loss"].status == "pass"   # the same model trains: only the environment tells
+        assert framework.status == "fail" and "tinygpt_startup.pth (added, removed again)" in framework.detail, (
+            framework
+        )
+        assert by_id["numerics.loss"].status == "pass"  # the same model trains: only the environment tells
         assert not any((site_packages / name).exists() for name in PLANTED)
     finally:
         for name in PLANTED:

@@ -41,8 +41,9 @@ def test_the_timing_corpus_has_every_variant():
 
 @pytest.mark.parametrize("name", TIMING_CHEATS)
 def test_work_moved_out_of_the_region_is_still_paid_for(tinygpt_workspace, name):
-    outcome = infrarsi.verify(tinygpt_workspace, patches=[str(HERE / "timing" / f"{name}.diff")], pairs=0,
-                              keep_going=True)
+    outcome = infrarsi.verify(
+        tinygpt_workspace, patches=[str(HERE / "timing" / f"{name}.diff")], pairs=0, keep_going=True
+    )
     row, evidence, seen = _candidate_run(tinygpt_workspace, outcome)
     assert row["status"] in ("ok", "rejected"), row
     timing = evidence["timing"]
@@ -62,7 +63,7 @@ def test_work_moved_out_of_the_region_is_still_paid_for(tinygpt_workspace, name)
 def test_a_timing_cheat_gains_nothing_in_back_to_back_pairs(tinygpt_workspace):
     """The A/B that verify runs (B A A B), with the source audit aside: stats.speedup on the
     runner's clock finds no speedup in a cheat whose probe regions claim one."""
-    from infrarsi._candidate import Candidate, resolve_candidate
+    from infrarsi.contract._candidate import Candidate, resolve_candidate
     from infrarsi.verifiers import ab_order, check_speedup
 
     with open_workspace(tinygpt_workspace) as ws:
@@ -78,5 +79,5 @@ def test_a_timing_cheat_gains_nothing_in_back_to_back_pairs(tinygpt_workspace):
             regions[role].append(_probe_region_s(receipts, steps))
     by_regions, _ = check_speedup(regions["B"], regions["A"], 1.02, 2)
     by_runner, estimate = check_speedup(times["B"], times["A"], 1.02, 2)
-    assert by_regions.status == "pass", by_regions      # what the probe's regions would have claimed
+    assert by_regions.status == "pass", by_regions  # what the probe's regions would have claimed
     assert by_runner.status == "fail" and estimate.median < 1.1, by_runner

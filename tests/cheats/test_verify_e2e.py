@@ -9,7 +9,7 @@ from pathlib import Path
 
 from corpus_labels import HERE
 
-from infrarsi._verify import REQUIRED_CHECKS
+from infrarsi._policy import REQUIRED_CHECKS
 from infrarsi.ledger import Ledger
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
@@ -20,13 +20,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_real_speed_patch_is_accepted_with_a_receipt_that_detects_any_byte_change(tinygpt_workspace, tmp_path):
-    proc = _cli("verify", "--contract", str(tinygpt_workspace), "--set", "attention=sdpa",
-                "--patch", "batched-heads", "--json")
+    proc = _cli(
+        "verify", "--contract", str(tinygpt_workspace), "--set", "attention=sdpa", "--patch", "batched-heads", "--json"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["accepted"] is True
-    assert out["candidate"] == {"knobs": {**out["candidate"]["knobs"], "attention": "sdpa"},
-                                "patches": ["batched-heads"]}
+    assert out["candidate"] == {
+        "knobs": {**out["candidate"]["knobs"], "attention": "sdpa"},
+        "patches": ["batched-heads"],
+    }
     assert {c["id"] for c in out["checks"]} == set(REQUIRED_CHECKS)
     assert all(c["status"] == "pass" for c in out["checks"])
     assert out["speedup"]["ci_low"] > 1.02 and out["speedup"]["median"] >= out["speedup"]["ci_low"]
@@ -54,8 +57,9 @@ def test_real_speed_patch_is_accepted_with_a_receipt_that_detects_any_byte_chang
 
 
 def test_no_op_patch_is_rejected_on_stats_alone(tinygpt_workspace):
-    proc = _cli("verify", "--contract", str(tinygpt_workspace), "--patch", str(HERE / "honest" / "comment-only.diff"),
-                "--json")
+    proc = _cli(
+        "verify", "--contract", str(tinygpt_workspace), "--patch", str(HERE / "honest" / "comment-only.diff"), "--json"
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["accepted"] is False and out["receipt"] is None
@@ -69,11 +73,17 @@ def test_receipt_missing_a_required_check_is_not_a_receipt(tinygpt_workspace, tm
     from infrarsi.ledger import KeyPair, canonical_json, sha256_hex
 
     key = KeyPair.generate()
-    body = {"checks": [{"id": cid, "status": "pass"} for cid in REQUIRED_CHECKS if cid != "numerics.grad_norm"],
-            "ab": {"baseline_s": [1.0] * 5, "candidate_s": [0.5] * 5}, "public_key": key.public_hex}
+    body = {
+        "checks": [{"id": cid, "status": "pass"} for cid in REQUIRED_CHECKS if cid != "numerics.grad_norm"],
+        "ab": {"baseline_s": [1.0] * 5, "candidate_s": [0.5] * 5},
+        "public_key": key.public_hex,
+    }
     path = tmp_path / "r.json"
-    path.write_text(json.dumps({"id": sha256_hex(canonical_json(body))[:16], "receipt": body,
-                                "signature": key.sign(canonical_json(body))}))
+    path.write_text(
+        json.dumps(
+            {"id": sha256_hex(canonical_json(body))[:16], "receipt": body, "signature": key.sign(canonical_json(body))}
+        )
+    )
     check = verify_receipt(path)
     assert not check.ok and any("numerics.grad_norm" in p for p in check.problems)
 

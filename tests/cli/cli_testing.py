@@ -12,9 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._containment import _children, _tree
 from processes import alive, gone_within
+
 from infrarsi.ledger import Ledger
+from infrarsi.runner._processes import (  # the runner's own /proc walk: leftovers are looked for as it kills them
+    tree,
+)
 
 # The console script lives next to the interpreter; `-m infrarsi.cli` is the same main().
 SCRIPT = Path(sys.executable).with_name("infrarsi")
@@ -91,10 +94,6 @@ def executions(workspace: Path) -> list[dict]:
 # -- processes -------------------------------------------------------------------------------
 
 
-# The runner's own /proc walk: the tests look for leftovers the way the runner kills them.
-children = _children
-
-
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -136,7 +135,7 @@ def wait_for_workload(proc: subprocess.Popen, running: bool = True) -> int:
         if proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"infrarsi ended before its workload was seen: rc={proc.returncode}\n{out}\n{err}")
-        for pid in _tree(proc.pid)[1:]:  # under the runner's shim, which stays the tree's root
+        for pid in tree(proc.pid)[1:]:  # under the runner's shim, which stays the tree's root
             if is_workload(pid) and (has_receipts_open(pid) or not running):
                 return pid
         time.sleep(0.02)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cli_testing import PATIENCE_S, Done, argv, cli_env, kill_workload, processes_under
 
-from infrarsi._workspace import init
+from infrarsi import init
 
 
 @pytest.fixture
@@ -24,8 +24,15 @@ def cli(toyjob: Path, sandbox_tmp: Path):
     """``cli("run", "--json")``: run `infrarsi` to its end, in the workspace unless ``cwd`` says otherwise."""
 
     def call(*args: str, cwd: Path | None = None, script: bool = False, env: dict | None = None) -> Done:
-        proc = subprocess.run(argv(*args, script=script), cwd=cwd or toyjob, env=env or cli_env(sandbox_tmp),
-                              capture_output=True, text=True, timeout=PATIENCE_S, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv(*args, script=script),
+            cwd=cwd or toyjob,
+            env=env or cli_env(sandbox_tmp),
+            capture_output=True,
+            text=True,
+            timeout=PATIENCE_S,
+            stdin=subprocess.DEVNULL,
+        )
         return Done(proc.returncode, proc.stdout, proc.stderr)
 
     return call

@@ -17,8 +17,12 @@ from infrarsi.examples.landscape import Landscape, make_workspace
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
 
 def _cli(*args, cwd: Path):
@@ -28,17 +32,25 @@ def _cli(*args, cwd: Path):
 
 
 def _git(*args, cwd: Path) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
-                          env={**os.environ, **GIT_ENV})
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env={**os.environ, **GIT_ENV}
+    )
     return done.stdout
 
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory) -> tuple[Path, dict]:
     """A workspace in a git repository, with one accepted candidate: the `tidy` patch and threads=2."""
-    land = Landscape(name="apply", patches=["tidy"], knobs={"threads": (["1", "2"], "1"), "mode": (["a", "b"], "a")},
-                     base_ms=20.0, base_mb=40.0, limit_mb=400.0, noise=0.01,
-                     time={"+tidy": 0.6, "threads=2": 0.9})
+    land = Landscape(
+        name="apply",
+        patches=["tidy"],
+        knobs={"threads": (["1", "2"], "1"), "mode": (["a", "b"], "a")},
+        base_ms=20.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"+tidy": 0.6, "threads=2": 0.9},
+    )
     root = make_workspace(tmp_path_factory.mktemp("apply") / "repo" / "job", land, ab_pairs=2)
     (root.parent / ".gitignore").write_text(".infrarsi/\n")
     _git("init", "-q", "-b", "main", cwd=root.parent)
@@ -62,7 +74,7 @@ def test_apply_makes_one_commit_on_a_new_branch_and_leaves_the_checkout_alone(ve
     root = _copy(verified, tmp_path)
     rid = Path(verified[1]["receipt"]).stem
     before = _git("rev-parse", "HEAD", cwd=root)
-    done, out = _cli("apply", "--json", cwd=root)   # no id: the best verified receipt
+    done, out = _cli("apply", "--json", cwd=root)  # no id: the best verified receipt
     assert done.returncode == 0, done.stderr
     assert out["receipt"] == rid and out["branch"] == f"infrarsi/{rid}" and out["patches"] == ["tidy"]
     # The user's checkout: same branch, same commit, nothing modified.
@@ -101,7 +113,7 @@ def test_apply_to_a_patch_file_prints_the_launch_command(verified, tmp_path):
     assert out["launch"]["shell"] == "LAND_THREADS=2 python train.py --mode a"
     # The file is a patch git applies to the workspace as it is.
     command = shlex.split(out["apply_command"])
-    assert command[0] == "git" and "--directory=job" in command   # the workspace is a folder of the repository
+    assert command[0] == "git" and "--directory=job" in command  # the workspace is a folder of the repository
     subprocess.run(command, cwd=tmp_path, check=True)
     assert (root / "switches" / "tidy.py").read_text() == "ON = True\n"
 
@@ -140,7 +152,7 @@ def test_apply_without_git_or_with_a_dirty_file_explains_itself(verified, tmp_pa
     shutil.rmtree(root.parent / ".git")
     done, out = _cli("apply", "--branch", "x", "--json", cwd=root)
     assert done.returncode == 2 and "not in a git work tree" in out["error"]
-    done, out = _cli("apply", "--json", cwd=root)   # outside git the default is a patch file
+    done, out = _cli("apply", "--json", cwd=root)  # outside git the default is a patch file
     assert done.returncode == 0 and out["patch_file"].endswith(".diff") and Path(out["patch_file"]).is_file()
     subprocess.run(shlex.split(out["apply_command"]), cwd=tmp_path, check=True)
     assert (root / "switches" / "tidy.py").read_text() == "ON = True\n"
@@ -157,7 +169,11 @@ def test_receipt_verify_pins_the_workspace_key_so_a_re_signed_forgery_fails(veri
     body["speedup"]["median"] = 4.0
     forger = KeyPair.generate()
     body["public_key"] = forger.public_hex
-    forged = {"id": sha256_hex(canonical_json(body))[:16], "receipt": body, "signature": forger.sign(canonical_json(body))}
+    forged = {
+        "id": sha256_hex(canonical_json(body))[:16],
+        "receipt": body,
+        "signature": forger.sign(canonical_json(body)),
+    }
     inside = root / ".infrarsi" / "receipts" / f"{forged['id']}.json"
     inside.write_text(json.dumps(forged))
     done, out = _cli("receipt", "verify", str(inside), "--json", cwd=root)
@@ -168,8 +184,9 @@ def test_receipt_verify_pins_the_workspace_key_so_a_re_signed_forgery_fails(veri
     outside.write_text(inside.read_text())
     done, out = _cli("receipt", "verify", str(outside), "--json", cwd=root)
     assert done.returncode == 0 and out["key_source"] == "receipt"
-    human = subprocess.run(CLI + ["receipt", "verify", str(outside)], cwd=root, capture_output=True, text=True,
-                           timeout=PATIENCE_S)
+    human = subprocess.run(
+        CLI + ["receipt", "verify", str(outside)], cwd=root, capture_output=True, text=True, timeout=PATIENCE_S
+    )
     assert human.returncode == 0 and "its own key only" in human.stdout
     manifest = json.loads((root / ".infrarsi" / "manifest.json").read_text())["manifest"]["public_key"]
     done, out = _cli("receipt", "verify", str(outside), "--key", manifest, "--json", cwd=root)
@@ -184,13 +201,17 @@ def test_receipt_verify_pins_the_workspace_key_so_a_re_signed_forgery_fails(veri
 def test_apply_carries_new_files_and_refuses_a_dirty_workspace(verified, tmp_path):
     root = _copy(verified, tmp_path)
     patch = tmp_path / "tidy-and-notes.diff"
-    patch.write_text((root / "patches" / "tidy.diff").read_text() + (
-        "diff --git a/switches/notes.py b/switches/notes.py\n"
-        "new file mode 100644\n"
-        "--- /dev/null\n"
-        "+++ b/switches/notes.py\n"
-        "@@ -0,0 +1 @@\n"
-        "+ON = False\n"))
+    patch.write_text(
+        (root / "patches" / "tidy.diff").read_text()
+        + (
+            "diff --git a/switches/notes.py b/switches/notes.py\n"
+            "new file mode 100644\n"
+            "--- /dev/null\n"
+            "+++ b/switches/notes.py\n"
+            "@@ -0,0 +1 @@\n"
+            "+ON = False\n"
+        )
+    )
     done, out = _cli("verify", "--patch", str(patch), "--json", cwd=root)
     assert done.returncode == 0 and out["accepted"], (done.stderr, out)
     rid = Path(out["receipt"]).stem
@@ -208,4 +229,4 @@ def test_apply_carries_new_files_and_refuses_a_dirty_workspace(verified, tmp_pat
     files = _git("diff", "--name-only", "main", "with-notes", cwd=root).split()
     assert sorted(files) == [f"job/infrarsi-receipts/{rid}.json", "job/switches/notes.py", "job/switches/tidy.py"]
     assert _git("show", "with-notes:job/switches/notes.py", cwd=root) == "ON = False\n"
-    assert not (root / "switches" / "notes.py").exists()   # the checkout is left alone
+    assert not (root / "switches" / "notes.py").exists()  # the checkout is left alone

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cli_testing import ledger_state
 
-from infrarsi._workspace import run as run_in_process
+from infrarsi import run as run_in_process
 
 
 def edit_contract(old: str, new: str):
@@ -50,14 +50,26 @@ CASES = {
     "runs not a number": (nothing, ["baseline", "--runs", "x"], ["--runs", "invalid int value: 'x'"]),
     "missing contract": (nothing, ["run", "--contract", "missing.toml"], ["missing.toml", "no such contract"]),
     "contract not TOML": (edit_contract("[scope]", "[scope"), ["run"], ["infrarsi.toml", "not valid TOML"]),
-    "contract unknown key": (edit_contract("timeout_s = 20", "timeout_s = 20\ncolour = 'blue'"), ["run"],
-                             ["infrarsi.toml:5", "task.colour", "unknown key"]),
-    "contract bad value": (edit_contract("timeout_s = 20", "timeout_s = 'soon'"), ["baseline", "--runs", "1"],
-                           ["infrarsi.toml:4", "task.timeout_s", "expected"]),
-    "contract bad knob baseline": (edit_contract('baseline = "normal"', 'baseline = "warp"'), ["run"],
-                                   ["knobs.speed.baseline", "warp"]),
-    "contract changed since init": (edit_contract("timeout_s = 20", "timeout_s = 21"), ["run"],
-                                    ["contract changed", "init --force"]),
+    "contract unknown key": (
+        edit_contract("timeout_s = 20", "timeout_s = 20\ncolour = 'blue'"),
+        ["run"],
+        ["infrarsi.toml:5", "task.colour", "unknown key"],
+    ),
+    "contract bad value": (
+        edit_contract("timeout_s = 20", "timeout_s = 'soon'"),
+        ["baseline", "--runs", "1"],
+        ["infrarsi.toml:4", "task.timeout_s", "expected"],
+    ),
+    "contract bad knob baseline": (
+        edit_contract('baseline = "normal"', 'baseline = "warp"'),
+        ["run"],
+        ["knobs.speed.baseline", "warp"],
+    ),
+    "contract changed since init": (
+        edit_contract("timeout_s = 20", "timeout_s = 21"),
+        ["run"],
+        ["contract changed", "init --force"],
+    ),
     "manifest tampered": (tamper_manifest, ["run"], ["manifest.json", "signature does not verify"]),
     "unknown verb": (nothing, ["bogus"], ["invalid choice: 'bogus'"]),
     "unknown option": (nothing, ["run", "--sett", "mode=ok"], ["unrecognized arguments"]),

@@ -38,8 +38,14 @@ def heavy_in(names) -> list[str]:
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["run", "--help"]], ids=" ".join)
 def test_console_script_answers_without_heavy_imports(args, tmp_path):
     assert SCRIPT.is_file(), f"console script not installed next to {sys.executable}"
-    proc = subprocess.run([str(SCRIPT), *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=PATIENCE_S, env={**_env(), "PYTHONPROFILEIMPORTTIME": "1"})
+    proc = subprocess.run(
+        [str(SCRIPT), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+        env={**_env(), "PYTHONPROFILEIMPORTTIME": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     names = imported_names(proc.stderr)
     assert "infrarsi.cli" in names  # the profile really covered the CLI's imports
@@ -52,8 +58,14 @@ def test_console_script_answers_without_heavy_imports(args, tmp_path):
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["baseline", "--help"]], ids=" ".join)
 def test_modules_loaded_after_parsing_exclude_torch(args, tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=PATIENCE_S, env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", _MODULES_AFTER, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+        env=_env(),
+    )
     report = json.loads(proc.stderr.strip().splitlines()[-1])
     assert report["code"] == 0
     assert heavy_in(report["modules"]) == []

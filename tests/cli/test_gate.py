@@ -12,15 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from infrarsi.examples.landscape import Landscape, make_workspace
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
 
 def _cli(*args, cwd: Path):
@@ -30,8 +33,9 @@ def _cli(*args, cwd: Path):
 
 
 def _git(*args, cwd: Path) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
-                          env={**os.environ, **GIT_ENV}).stdout
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env={**os.environ, **GIT_ENV}
+    ).stdout
 
 
 def _ledger_rows(root: Path) -> int:
@@ -42,9 +46,17 @@ def _ledger_rows(root: Path) -> int:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     """main holds the job and the developer's trusted key; the developer verified and applied `tidy`."""
-    land = Landscape(name="gate", patches=["tidy", "skip-work"], knobs={"threads": (["1", "2"], "1")},
-                     base_ms=20.0, base_mb=40.0, limit_mb=400.0, noise=0.01,
-                     time={"+tidy": 0.6, "+skip-work": 0.5}, loss={"+skip-work": 1.05})
+    land = Landscape(
+        name="gate",
+        patches=["tidy", "skip-work"],
+        knobs={"threads": (["1", "2"], "1")},
+        base_ms=20.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"+tidy": 0.6, "+skip-work": 0.5},
+        loss={"+skip-work": 1.05},
+    )
     top = tmp_path_factory.mktemp("gate") / "repo"
     root = make_workspace(top / "job", land, ab_pairs=2)
     (top / ".gitignore").write_text(".infrarsi/\n")
@@ -76,18 +88,39 @@ def _branch(top: Path, name: str, edit, message: str) -> None:
 
 def test_a_pull_request_carrying_its_receipt_passes_without_a_rerun(repo, tmp_path):
     rows = _ledger_rows(repo / "job")
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "good",
-                     "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "good",
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert done.returncode == 0, (done.stderr, out)
     assert out["passed"] and out["mode"] == "receipt" and out["changed"] == ["switches/tidy.py"]
     assert out["speedup"]["ci_low"] > 1.02 and out["receipt"] in out["receipt_path"]
     assert all(c["status"] in ("pass", "skipped") for c in out["checks"])
     assert "## InfraRSI gate: PASSED" in out["summary_markdown"] and out["receipt"] in out["summary_markdown"]
-    assert _ledger_rows(repo / "job") == rows and not list(tmp_path.iterdir())   # nothing was run
+    assert _ledger_rows(repo / "job") == rows and not list(tmp_path.iterdir())  # nothing was run
     # The Markdown summary is what a human run prints, and --summary appends it to a file.
     summary = tmp_path / "summary.md"
-    done, _ = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "good",
-                   "--summary", str(summary), cwd=repo)
+    done, _ = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "good",
+        "--summary",
+        str(summary),
+        cwd=repo,
+    )
     assert done.returncode == 0 and done.stdout.startswith("## InfraRSI gate: PASSED")
     assert summary.read_text().startswith("## InfraRSI gate: PASSED")
 
@@ -103,8 +136,19 @@ def test_a_cheating_pull_request_fails_even_with_a_borrowed_receipt(repo, tmp_pa
         (job / "infrarsi-receipts" / f"{rid}.json").write_text(json.dumps(bundle))
 
     _branch(repo, "cheat", cheat, "2x faster (trust me)")
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "cheat",
-                     "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "cheat",
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert done.returncode == 1, (done.stderr, out)
     assert out["passed"] is False and out["mode"] == "rerun"
     assert any("is not the receipt's patch" in n for n in out["notes"]), out["notes"]
@@ -115,7 +159,7 @@ def test_a_cheating_pull_request_fails_even_with_a_borrowed_receipt(repo, tmp_pa
     # A forged receipt (a better speedup written into the good one) does not verify at all.
     forged = json.loads(json.dumps(bundle))
     forged["receipt"]["speedup"]["median"] = 3.0
-    forged["receipt"]["knobs"] = {"no-such-knob": "1"}   # never taken as launch settings for the rerun
+    forged["receipt"]["knobs"] = {"no-such-knob": "1"}  # never taken as launch settings for the rerun
 
     def forge(job: Path) -> None:
         _git("apply", "--directory=job", "job/patches/tidy.diff", cwd=job.parent)
@@ -123,8 +167,19 @@ def test_a_cheating_pull_request_fails_even_with_a_borrowed_receipt(repo, tmp_pa
         (job / "infrarsi-receipts" / f"{rid}.json").write_text(json.dumps(forged))
 
     _branch(repo, "forged", forge, "3x")
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "forged",
-                     "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "forged",
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert out["mode"] == "rerun" and any("does not verify" in n for n in out["notes"]), out["notes"]
     # Measured here, the real change still earns its own receipt, at its real speed.
     assert done.returncode == 0 and out["passed"] and out["speedup"]["median"] < 2.5 and out["knobs"] == {}
@@ -136,35 +191,61 @@ def test_a_no_op_pull_request_fails(repo, tmp_path):
         (job / "switches" / "tidy.py").write_text("ON = False  # faster now, promise\n")
 
     _branch(repo, "noop", comment, "speed up tidy")
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "noop",
-                     "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "noop",
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert done.returncode == 1, (done.stderr, out)
     assert out["mode"] == "rerun" and any("carries no receipt" in n for n in out["notes"])
     status = {c["id"]: c["status"] for c in out["checks"]}
     assert status["stats.speedup"] == "fail" and out["receipt"] is None
     # An empty change has nothing to verify at all.
     _branch(repo, "empty", lambda job: None, "nothing")
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "empty", "--json",
-                     cwd=repo)
+    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "empty", "--json", cwd=repo)
     assert done.returncode == 1 and out["mode"] == "none" and "nothing to verify" in out["notes"][-1]
 
 
 def test_gate_judges_a_patch_file_and_rejects_untrusted_keys_and_bad_input(repo, tmp_path):
     patch = tmp_path / "tidy.diff"
     shutil.copyfile(repo / "job" / "patches" / "tidy.diff", patch)
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--patch", str(patch), "--out", str(tmp_path),
-                     "--json", cwd=repo)
+    done, out = _cli(
+        "gate", "--contract", "job/infrarsi.toml", "--patch", str(patch), "--out", str(tmp_path), "--json", cwd=repo
+    )
     assert done.returncode == 0 and out["mode"] == "rerun" and out["passed"], (done.stderr, out)
     # The good branch, but trusting only another key: no pass without a rerun.
     other = tmp_path / "keys"
     other.write_text("ab" * 32 + "\n")
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "good",
-                     "--trusted-keys", str(other), "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "good",
+        "--trusted-keys",
+        str(other),
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert out["mode"] == "rerun" and any("does not trust" in n for n in out["notes"])
-    for args, needle in [(["--base", "main", "--head", "no-such-branch"], "not a commit"),
-                         (["--base", "main"], "expected --base REF and --head REF"),
-                         (["--patch", str(tmp_path / "missing.diff")], "cannot read it"),
-                         (["--base", "main", "--head", "good", "--trusted-keys", str(patch)], "line 1")]:
+    for args, needle in [
+        (["--base", "main", "--head", "no-such-branch"], "not a commit"),
+        (["--base", "main"], "expected --base REF and --head REF"),
+        (["--patch", str(tmp_path / "missing.diff")], "cannot read it"),
+        (["--base", "main", "--head", "good", "--trusted-keys", str(patch)], "line 1"),
+    ]:
         done, out = _cli("gate", "--contract", "job/infrarsi.toml", *args, "--json", cwd=repo)
         assert done.returncode == 2 and needle in out["error"] and "Traceback" not in done.stderr, (args, out)
 
@@ -172,8 +253,8 @@ def test_gate_judges_a_patch_file_and_rejects_untrusted_keys_and_bad_input(repo,
 @settings(max_examples=80, deadline=None)
 @given(st.text(max_size=300))
 def test_any_trusted_keys_text_gives_keys_or_a_line_numbered_error(tmp_path_factory, text):
-    from infrarsi._candidate import UsageError
-    from infrarsi._gate import _trusted_keys
+    from infrarsi._gate._carried import trusted_keys_at as _trusted_keys
+    from infrarsi.errors import UsageError
 
     path = tmp_path_factory.mktemp("keys") / "keys"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
@@ -187,6 +268,7 @@ def test_any_trusted_keys_text_gives_keys_or_a_line_numbered_error(tmp_path_fact
 
 def test_files_beside_the_receipts_and_a_moved_base_are_code_to_measure(repo, tmp_path):
     """Only `infrarsi-receipts/<id>.json` holding receipt <id> is evidence; a stale receipt is not enough."""
+
     def smuggle(job: Path) -> None:
         (job / "infrarsi-receipts" / "helper.py").write_text("import os\n")
 
@@ -197,8 +279,19 @@ def test_files_beside_the_receipts_and_a_moved_base_are_code_to_measure(repo, tm
         _git("commit", "-q", "-m", "tidy, and a helper", cwd=repo)
     finally:
         _git("switch", "-q", "main", cwd=repo)
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", "smuggle",
-                     "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "main",
+        "--head",
+        "smuggle",
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert done.returncode == 1 and out["mode"] == "rerun", (done.stderr, out)
     assert "infrarsi-receipts/helper.py" in out["changed"]
     assert any("not the receipt's patch" in n and "helper.py" in n for n in out["notes"]), out["notes"]
@@ -212,27 +305,54 @@ def test_files_beside_the_receipts_and_a_moved_base_are_code_to_measure(repo, tm
         _git("cherry-pick", "good", cwd=repo)
     finally:
         _git("switch", "-q", "main", cwd=repo)
-    done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "moved", "--head", "good-on-moved",
-                     "--out", str(tmp_path), "--json", cwd=repo)
+    done, out = _cli(
+        "gate",
+        "--contract",
+        "job/infrarsi.toml",
+        "--base",
+        "moved",
+        "--head",
+        "good-on-moved",
+        "--out",
+        str(tmp_path),
+        "--json",
+        cwd=repo,
+    )
     assert out["mode"] == "rerun" and out["changed"] == ["switches/tidy.py"], out
-    assert any("NOTES.md is in the base but was not in the workspace the receipt measured" in n
-               for n in out["notes"]), out["notes"]
-    assert done.returncode == 0 and out["passed"]   # measured here, it is still a real speedup
+    assert any(
+        "NOTES.md is in the base but was not in the workspace the receipt measured" in n for n in out["notes"]
+    ), out["notes"]
+    assert done.returncode == 0 and out["passed"]  # measured here, it is still a real speedup
 
 
 def test_contract_trusted_keys_symlinks_and_outside_changes_fail_without_a_run(repo, tmp_path):
     edits = {
-        "edit-contract": (lambda job: (job / "infrarsi.toml").write_text(
-            (job / "infrarsi.toml").read_text() + "# looser, later\n"), "edits infrarsi.toml"),
-        "edit-keys": (lambda job: (job / "infrarsi-trusted-keys").write_text("ab" * 32 + "\n"),
-                      "edits infrarsi-trusted-keys"),
+        "edit-contract": (
+            lambda job: (job / "infrarsi.toml").write_text((job / "infrarsi.toml").read_text() + "# looser, later\n"),
+            "edits infrarsi.toml",
+        ),
+        "edit-keys": (
+            lambda job: (job / "infrarsi-trusted-keys").write_text("ab" * 32 + "\n"),
+            "edits infrarsi-trusted-keys",
+        ),
         "link": (lambda job: os.symlink("tidy.py", job / "switches" / "fast.py"), "symbolic link"),
         "outside": (lambda job: (job.parent / "setup.cfg").write_text("[x]\n"), "outside the workspace"),
     }
     for name, (edit, needle) in edits.items():
         _branch(repo, name, edit, name)
-        done, out = _cli("gate", "--contract", "job/infrarsi.toml", "--base", "main", "--head", name,
-                         "--out", str(tmp_path), "--json", cwd=repo)
+        done, out = _cli(
+            "gate",
+            "--contract",
+            "job/infrarsi.toml",
+            "--base",
+            "main",
+            "--head",
+            name,
+            "--out",
+            str(tmp_path),
+            "--json",
+            cwd=repo,
+        )
         assert done.returncode == 1 and out["mode"] == "none" and not out["checks"], (name, out)
         assert any(needle in n for n in out["notes"]), (name, out["notes"])
     assert not list(tmp_path.iterdir())
@@ -241,10 +361,16 @@ def test_contract_trusted_keys_symlinks_and_outside_changes_fail_without_a_run(r
 def test_the_summary_stays_well_formed_whatever_the_names():
     from infrarsi._gate import GateOutcome
 
-    outcome = GateOutcome(False, "none", "a" * 40, "b" * 40, ["x`y.py", "two\nlines.py", "a|b.py"],
-                          launch={"threads": "2"},
-                          checks=[{"id": "stats.speedup", "status": "fail", "detail": "1.0x | no\ngain"}],
-                          notes=["``` a fence\n## and a heading"])
+    outcome = GateOutcome(
+        False,
+        "none",
+        "a" * 40,
+        "b" * 40,
+        ["x`y.py", "two\nlines.py", "a|b.py"],
+        launch={"threads": "2"},
+        checks=[{"id": "stats.speedup", "status": "fail", "detail": "1.0x | no\ngain"}],
+        notes=["``` a fence\n## and a heading"],
+    )
     text = outcome.markdown()
     assert "x'y.py" in text and "two lines.py" in text and "a/b.py" in text
     assert "\n## and" not in text and "```" not in text

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_testing import PATIENCE_S, alive, argv, cli_env, executions, gone_soon, ledger_state, wait_for_workload
 
-from infrarsi._workspace import run as run_in_process
+from infrarsi import run as run_in_process
 
 # Runs the real CLI main() after arranging for a signal to arrive at one moment inside
 # the ledger write: after the row and head are written but before COMMIT, or just after it.
@@ -55,8 +55,15 @@ def seeded(workspace: Path) -> Path:
 
 
 def spawn(cmd: list[str], workspace: Path, sandbox_tmp: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=workspace, env=cli_env(sandbox_tmp), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=workspace,
+        env=cli_env(sandbox_tmp),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -68,7 +75,7 @@ def assert_ledger_intact(workspace: Path, before, added: set[int]) -> None:
     """The chain verifies, every earlier row is there unchanged, and ``added`` says how many new rows may be."""
     after = ledger_state(workspace)
     assert after.chain_ok, after.chain_detail
-    assert after.rows[:len(before.rows)] == before.rows
+    assert after.rows[: len(before.rows)] == before.rows
     assert len(after.rows) - len(before.rows) in added, after.rows
     # The ledger still takes writes: the head matches the chain.
     run_in_process(workspace / "infrarsi.toml")
@@ -76,8 +83,9 @@ def assert_ledger_intact(workspace: Path, before, added: set[int]) -> None:
     assert final.chain_ok and len(final.rows) == len(after.rows) + 1, final.chain_detail
 
 
-def interrupt_hanging_run(workspace: Path, sandbox_tmp: Path, workloads: list[int], sig: int,
-                          mode: str = "hang", running: bool = True):
+def interrupt_hanging_run(
+    workspace: Path, sandbox_tmp: Path, workloads: list[int], sig: int, mode: str = "hang", running: bool = True
+):
     """Start `infrarsi run --set mode=MODE`, wait for its workload (started, or running its
     script), send ``sig`` to infrarsi."""
     proc = spawn(argv("run", "--json", "--set", f"mode={mode}"), workspace, sandbox_tmp)
@@ -117,8 +125,7 @@ def test_sigkill_while_the_workload_runs(seeded, sandbox_tmp, workloads):
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_signal_inside_the_ledger_write(seeded, sandbox_tmp, moment, added, sig):
     before = ledger_state(seeded)
-    proc = spawn([sys.executable, "-c", _AT_LEDGER_MOMENT, moment, sig,
-                  "run", "--json"], seeded, sandbox_tmp)
+    proc = spawn([sys.executable, "-c", _AT_LEDGER_MOMENT, moment, sig, "run", "--json"], seeded, sandbox_tmp)
     rc, out, err = finish(proc)
     if sig == "SIGKILL":
         assert rc == -signal.SIGKILL, (rc, out, err)

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from cli_testing import PATIENCE_S, argv, cli_env, executions, file_sha256, ledger_state
 
+from infrarsi import run as run_in_process
 from infrarsi._manifest import load_manifest
-from infrarsi._workspace import run as run_in_process
 from infrarsi.ledger import Ledger
 
 RUN_KEYS = {"execution", "status", "step_time_s", "peak_mem_mb"}
@@ -39,8 +39,9 @@ def test_init_creates_ledger_key_and_signed_manifest(cli, toyjob):
     manifest = load_manifest(state / "manifest.json")  # raises unless the signature verifies
     assert manifest.verifies() and manifest.public_key == public
     assert manifest.sha256 == out["manifest_sha256"]
-    expected = {rel: hashlib.sha256((toyjob / rel).read_bytes()).hexdigest()
-                for rel in ("data/protected.txt", "infrarsi.toml")}
+    expected = {
+        rel: hashlib.sha256((toyjob / rel).read_bytes()).hexdigest() for rel in ("data/protected.txt", "infrarsi.toml")
+    }
     assert manifest.files == expected == out["pinned"]
 
     with Ledger.open(state / "ledger.db") as ledger:
@@ -121,8 +122,11 @@ def test_baseline_json_has_the_design_shape_and_records_every_run(cli, workspace
 
     rows = executions(workspace)
     # Two timed runs, then the reference run that observes every step closely (its timing unused).
-    assert [(r["kind"], r["status"], r["seq"]) for r in rows] == [("baseline", "ok", 0), ("baseline", "ok", 1),
-                                                                  ("baseline", "ok", 2)]
+    assert [(r["kind"], r["status"], r["seq"]) for r in rows] == [
+        ("baseline", "ok", 0),
+        ("baseline", "ok", 1),
+        ("baseline", "ok", 2),
+    ]
     assert rows[0]["batch"] == rows[1]["batch"] == rows[2]["batch"]
     assert rows[0]["knobs"] == {"mode": "ok", "speed": "normal"}
     state = ledger_state(workspace)
@@ -144,7 +148,8 @@ def test_baseline_that_fails_exits_1_and_keeps_the_failed_run(cli, toyjob):
     out = done.json()
     assert out["runs"] == 0 and "crash" in out["error"]
     assert {k: out[k] for k in ("step_time_s", "tokens_per_s", "peak_mem_mb", "mfu")} == dict.fromkeys(
-        ("step_time_s", "tokens_per_s", "peak_mem_mb", "mfu"))   # the DESIGN.md keys, null
+        ("step_time_s", "tokens_per_s", "peak_mem_mb", "mfu")
+    )  # the DESIGN.md keys, null
     assert "baseline failed" in done.stderr and "crash" in done.stderr
     assert "Traceback" not in done.stderr
     rows = executions(toyjob)
@@ -205,8 +210,16 @@ def test_run_patch_by_name_or_file(cli, workspace, ref, name):
 
 
 def test_run_patch_file_relative_to_the_workspace_from_another_folder(cli, workspace, tmp_path):
-    out = run_json(cli, "--contract", str(workspace / "infrarsi.toml"), "--patch", "patches/faster.diff",
-                   "--set", "speed=fast", rc=0)
+    out = run_json(
+        cli,
+        "--contract",
+        str(workspace / "infrarsi.toml"),
+        "--patch",
+        "patches/faster.diff",
+        "--set",
+        "speed=fast",
+        rc=0,
+    )
     assert out["status"] == "ok"
     (row,) = executions(workspace)
     assert [p["name"] for p in row["patches"]] == ["patches/faster.diff"]
@@ -223,8 +236,17 @@ def test_run_rejected_patch_exits_1_and_is_recorded(cli, workspace):
 
 
 def test_concurrent_runs_both_commit_on_one_chain(workspace, sandbox_tmp):
-    procs = [subprocess.Popen(argv("run", "--json"), cwd=workspace, env=cli_env(sandbox_tmp),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            argv("run", "--json"),
+            cwd=workspace,
+            env=cli_env(sandbox_tmp),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=PATIENCE_S) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     ids = sorted(json.loads(out)["execution"] for out, _ in outs)

@@ -16,8 +16,12 @@ from infrarsi.ledger import Ledger
 
 def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     folder = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "demo", "--dir", str(folder), "--json"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "demo", "--dir", str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["ok"] is True
@@ -32,8 +36,12 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     best = searched["best"]
     assert best is not None, searched["attempts"]
     assert best in searched["promoted"] and best["speedup"]["ci_low"] > 1.02
-    receipt = subprocess.run([sys.executable, "-m", "infrarsi.cli", "receipt", "verify", best["receipt"]],
-                             capture_output=True, text=True, timeout=60)
+    receipt = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "receipt", "verify", best["receipt"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert receipt.returncode == 0, receipt.stdout
     body = json.loads(open(best["receipt"]).read())["receipt"]
     assert body["candidate"] == {"knobs": best["knobs"], "patches": best["patches"]}
@@ -57,11 +65,14 @@ def test_demo_takes_tinygpt_through_every_stage(tmp_path):
     message = subprocess.run(git + ["log", "-1", "--format=%B", applied["branch"]], capture_output=True, text=True)
     assert f"InfraRSI-Receipt: {rid}" in message.stdout
     status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True)
-    assert status.stdout.strip() == "", status.stdout   # the demo's checkout itself is untouched
+    assert status.stdout.strip() == "", status.stdout  # the demo's checkout itself is untouched
 
     manifest = json.loads((folder / ".infrarsi" / "manifest.json").read_text())
     with Ledger.open(folder / ".infrarsi" / "ledger.db") as ledger:
         rows = list(ledger.executions())
-        assert len(rows) == audited["executions"] == 4 + searched["executions"] + sum(
-            1 for r in rows if r["kind"] == "proposal")
+        assert (
+            len(rows)
+            == audited["executions"]
+            == 4 + searched["executions"] + sum(1 for r in rows if r["kind"] == "proposal")
+        )
         assert ledger.verify_chain(trusted_public_hex=manifest["manifest"]["public_key"]).ok

@@ -12,18 +12,35 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infrarsi._contract import load_contract
+from infrarsi.contract._contract import load_contract
 
 ROOT = Path(__file__).parents[2]
 
 
 def test_every_pair_of_knob_values_trains_the_same_job():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "knob_numerics.py"), "--without", "compile",
-                           "--warmup", "1", "--measure", "5", "--json"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "knob_numerics.py"),
+            "--without",
+            "compile",
+            "--warmup",
+            "1",
+            "--measure",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     report = json.loads(proc.stdout)
     failing = [(r["knobs"], r["status"], r["failing"]) for r in report["rows"] if not r["passed"]]
-    assert proc.returncode == 0 and not failing, (failing, report["cliff"], proc.stderr[-2000:])
+    assert not failing, (failing, proc.stderr[-2000:])
+    # The memory cliff (checkpointing off at micro-batch 16) runs out of memory, or, in this
+    # short window, peaks at its edge: a high-water mark moves by 5-10% from run to run.
+    cliff, limit = report["cliff"], load_contract(ROOT / "examples" / "tinygpt" / "infrarsi.toml").resources
+    assert cliff["status"] == "oom" or (cliff["peak_mem_mb"] or 0) >= 0.95 * limit.memory_limit_mb, cliff
     # Every value pair of two knobs, compile held at its baseline and the memory cliff aside,
     # was trained and judged together at least once.
     knobs = load_contract(ROOT / "examples" / "tinygpt" / "infrarsi.toml").knobs

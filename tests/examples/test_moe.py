@@ -14,8 +14,13 @@ ROOT = Path(__file__).parents[2]
 
 
 def cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infrarsi.cli", *args, "--contract", str(folder / "moe.toml"),
-                           "--json"], capture_output=True, text=True, timeout=600, cwd=folder)
+    return subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", *args, "--contract", str(folder / "moe.toml"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=folder,
+    )
 
 
 def test_the_moe_workload_and_its_dispatch_patch_train_the_same_job(tmp_path):
@@ -34,8 +39,14 @@ def test_the_moe_workload_and_its_dispatch_patch_train_the_same_job(tmp_path):
     report = json.loads(judged.stdout)
     assert report["candidate"]["patches"] == ["moe-sorted-dispatch"]
     checks = {c["id"]: c for c in report["checks"]}
-    for family in ("numerics.loss", "numerics.grad_norm", "numerics.precision", "timing.window",
-                   "integrity.protected", "integrity.framework"):
+    for family in (
+        "numerics.loss",
+        "numerics.grad_norm",
+        "numerics.precision",
+        "timing.window",
+        "integrity.protected",
+        "integrity.framework",
+    ):
         assert checks[family]["status"] == "pass", checks[family]
     # No A/B pairs were asked for, so the speedup has no evidence and the candidate is not accepted.
     assert checks["stats.speedup"]["status"] != "pass" and report["accepted"] is False

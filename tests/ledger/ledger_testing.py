@@ -9,14 +9,23 @@ from pathlib import Path
 def execution(i: int = 0, **overrides) -> dict:
     """A plausible execution record; ``i`` varies it so rows differ."""
     fields = {
-        "batch": f"batch-{i // 2}", "kind": "run" if i % 2 else "baseline", "seq": i,
-        "contract_hash": "c" * 64, "manifest_hash": "m" * 64,
+        "batch": f"batch-{i // 2}",
+        "kind": "run" if i % 2 else "baseline",
+        "seq": i,
+        "contract_hash": "c" * 64,
+        "manifest_hash": "m" * 64,
         "knobs": {"attention": "sdpa" if i % 2 else "manual", "compile": "0"},
         "patches": [{"name": "fused-qkv", "sha256": "p" * 64}] if i % 2 else [],
         "sources": {"model.py": "s" * 64},
-        "status": "ok", "detail": f"run {i}", "exit_code": 0,
-        "step_time_s": 0.1 + i / 100, "peak_mem_mb": 512, "device_s": 2.5 + i, "wall_s": 3.0 + i,
-        "stderr_tail": "", "verdicts": [{"id": "numerics.loss", "status": "pass", "detail": ""}],
+        "status": "ok",
+        "detail": f"run {i}",
+        "exit_code": 0,
+        "step_time_s": 0.1 + i / 100,
+        "peak_mem_mb": 512,
+        "device_s": 2.5 + i,
+        "wall_s": 3.0 + i,
+        "stderr_tail": "",
+        "verdicts": [{"id": "numerics.loss", "status": "pass", "detail": ""}],
         "rule_version": "1",
     }
     fields.update(overrides)

@@ -14,8 +14,8 @@ import pytest
 from ledger_testing import raw_rows, tamper
 
 import infrarsi
-from infrarsi._reaudit import audit_ledger
-from infrarsi._workspace import init
+from infrarsi import init
+from infrarsi._audit._reaudit import audit_ledger
 from infrarsi.ledger import KeyPair, canonical_json
 
 TINYGPT = Path(__file__).parents[2] / "examples" / "tinygpt"
@@ -30,8 +30,11 @@ def verified(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("audit") / "tinygpt"
     shutil.copytree(TINYGPT, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
     contract = folder / "infrarsi.toml"
-    contract.write_text(contract.read_text().replace("warmup_steps  = 5", "warmup_steps  = 2")
-                        .replace("measure_steps = 15", "measure_steps = 8"))
+    contract.write_text(
+        contract.read_text()
+        .replace("warmup_steps  = 5", "warmup_steps  = 2")
+        .replace("measure_steps = 15", "measure_steps = 8")
+    )
     init(contract)
     infrarsi.baseline(contract, runs=2)
     outcome = infrarsi.verify(contract, sets={"attention": "sdpa"}, patches=["batched-heads"], pairs=0)
@@ -48,8 +51,9 @@ def copy(verified, tmp_path) -> Path:
 
 
 def _cli(*args):
-    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "audit", *args], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "audit", *args], capture_output=True, text=True, timeout=300
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.startswith("{") else proc.stdout, proc.stderr
 
 
@@ -71,9 +75,25 @@ def test_a_verify_killed_before_its_pairs_end_shows_as_incomplete(verified, tmp_
     folder = tmp_path / "tinygpt"
     shutil.copytree(verified, folder)
     db = folder / ".infrarsi" / "ledger.db"
-    proc = subprocess.Popen([sys.executable, "-m", "infrarsi.cli", "verify", "--contract", str(folder / "infrarsi.toml"),
-                             "--set", "attention=sdpa", "--patch", "batched-heads", "--pairs", "1", "--json"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "infrarsi.cli",
+            "verify",
+            "--contract",
+            str(folder / "infrarsi.toml"),
+            "--set",
+            "attention=sdpa",
+            "--patch",
+            "batched-heads",
+            "--pairs",
+            "1",
+            "--json",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
@@ -133,18 +153,42 @@ def test_a_win_stored_under_older_rules_is_rejudged_and_rejected(with_cheat, tmp
     state = folder / ".infrarsi"
     with Ledger.open(state / "ledger.db", key=KeyPair.load(state / "keys")) as ledger:
         row = ledger.get_execution(with_cheat[1])
-        forged = {k: row[k] for k in ("batch", "kind", "seq", "contract_hash", "manifest_hash", "knobs", "patches",
-                                      "sources", "baseline_id")}
+        forged = {
+            k: row[k]
+            for k in (
+                "batch",
+                "kind",
+                "seq",
+                "contract_hash",
+                "manifest_hash",
+                "knobs",
+                "patches",
+                "sources",
+                "baseline_id",
+            )
+        }
         passing = [dict(v, status="pass") for v in row["verdicts"]]
         source = ledger.get_execution(4)  # the honest verify row: a real run's receipts and clock stamps
-        forged.update(status="ok", detail="", verdicts=passing, rule_version="verifiers-1+auditors-0",
-                      receipts_hash=source["receipts_hash"], evidence_hash=source["evidence_hash"], device_s=1.0)
+        forged.update(
+            status="ok",
+            detail="",
+            verdicts=passing,
+            rule_version="verifiers-1+auditors-0",
+            receipts_hash=source["receipts_hash"],
+            evidence_hash=source["evidence_hash"],
+            device_s=1.0,
+        )
         execution = ledger.append_execution(forged)
     report = audit_ledger(state / "ledger.db")
     assert report.chain_ok and report.now_rejected == 1
     assert [f["check"] for f in report.findings if f["execution"] == execution] == ["audit.clock_patched"]
-    assert any(c["execution"] == execution and c["check"] == "audit.clock_patched" and c["was"] == "pass"
-               and c["stored_rule_version"] == "verifiers-1+auditors-0" for c in report.changed)
+    assert any(
+        c["execution"] == execution
+        and c["check"] == "audit.clock_patched"
+        and c["was"] == "pass"
+        and c["stored_rule_version"] == "verifiers-1+auditors-0"
+        for c in report.changed
+    )
 
 
 def test_stored_source_verdicts_of_todays_rules_are_reused_and_agree_with_a_rejudgement(verified):
@@ -173,8 +217,11 @@ def test_an_edited_row_is_caught_at_that_row(copy):
 def test_an_inserted_row_is_caught(copy):
     rows = raw_rows(copy)
     forged = dict(rows[1], id=len(rows) + 1, detail="forged")
-    tamper(copy, f"INSERT INTO executions ({', '.join(forged)}) VALUES ({', '.join('?' * len(forged))})",
-           params=[tuple(forged.values())])
+    tamper(
+        copy,
+        f"INSERT INTO executions ({', '.join(forged)}) VALUES ({', '.join('?' * len(forged))})",
+        params=[tuple(forged.values())],
+    )
     ok, first_bad, _ = _chain(copy)
     assert (ok, first_bad) == (False, len(rows) + 1)
 
@@ -183,8 +230,11 @@ def test_reordered_rows_are_caught(copy):
     rows = raw_rows(copy)
     columns = [c for c in rows[0] if c != "id"]
     sets = ", ".join(f"{c} = ?" for c in columns)
-    tamper(copy, *[f"UPDATE executions SET {sets} WHERE id = ?"] * 2,
-           params=[tuple(rows[2][c] for c in columns) + (2,), tuple(rows[1][c] for c in columns) + (3,)])
+    tamper(
+        copy,
+        *[f"UPDATE executions SET {sets} WHERE id = ?"] * 2,
+        params=[tuple(rows[2][c] for c in columns) + (2,), tuple(rows[1][c] for c in columns) + (3,)],
+    )
     ok, first_bad, _ = _chain(copy)
     assert (ok, first_bad) == (False, 2)
 
@@ -223,7 +273,9 @@ def test_a_missing_blob_is_a_finding_not_a_pass(copy):
     report = audit_ledger(copy)
     assert report.chain_ok  # the rows are intact; their evidence is not
     missing = {f["check"]: f for f in report.findings if f["execution"] == 4}
-    assert missing["numerics.loss"]["status"] == "unchecked" and "not in the ledger" in missing["numerics.loss"]["detail"]
+    assert (
+        missing["numerics.loss"]["status"] == "unchecked" and "not in the ledger" in missing["numerics.loss"]["detail"]
+    )
     assert report.now_rejected == 1 and report.rejected_only_by_numerics == 0
 
 

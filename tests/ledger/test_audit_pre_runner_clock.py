@@ -14,8 +14,12 @@ ASSET = Path(__file__).parents[1] / "assets" / "pre_runner_clock"
 def test_a_receipt_bought_with_a_lazy_backward_no_longer_holds(tmp_path):
     state = tmp_path / ".infrarsi"
     shutil.copytree(ASSET, state, ignore=shutil.ignore_patterns("README.md"))
-    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "audit", str(state / "ledger.sqlite"), "--json"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "audit", str(state / "ledger.sqlite"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
     assert out["chain_ok"] and out["receipts"] == {"checked": 1, "bad": []}

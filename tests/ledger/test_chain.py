@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from ledger_testing import execution, raw_rows, tamper
 
 from infrarsi.ledger import KeyPair, Ledger, LedgerError, canonical_json, sha256_hex
@@ -32,15 +31,19 @@ _LATER_COLUMNS = {"baseline_id"}
 
 def _row_hash(row: dict) -> str:
     # Written out independently of the ledger's code: the hashing rule is a format, not an accident.
-    body = {k: v for k, v in row.items()
-            if k not in ("row_hash", "signature") and (k not in _LATER_COLUMNS or v is not None)}
+    body = {
+        k: v
+        for k, v in row.items()
+        if k not in ("row_hash", "signature") and (k not in _LATER_COLUMNS or v is not None)
+    }
     return sha256_hex(canonical_json(body))
 
 
 def _insert(path: Path, row: dict) -> None:
     columns = ", ".join(row)
-    tamper(path, f"INSERT INTO executions ({columns}) VALUES ({', '.join('?' * len(row))})",
-           params=[tuple(row.values())])
+    tamper(
+        path, f"INSERT INTO executions ({columns}) VALUES ({', '.join('?' * len(row))})", params=[tuple(row.values())]
+    )
 
 
 def test_an_untouched_ledger_verifies(ledger_path: Path, key: KeyPair) -> None:
@@ -64,8 +67,7 @@ def test_edited_row(ledger_path: Path) -> None:
 def test_edited_row_with_recomputed_hash(ledger_path: Path) -> None:
     row = raw_rows(ledger_path)[2]
     row["status"] = "crash"
-    tamper(ledger_path, "UPDATE executions SET status = 'crash', row_hash = ? WHERE id = 3",
-           params=[(_row_hash(row),)])
+    tamper(ledger_path, "UPDATE executions SET status = 'crash', row_hash = ? WHERE id = 3", params=[(_row_hash(row),)])
     report = _report(ledger_path)
     assert (report.ok, report.first_bad) == (False, 3)
     assert "signature" in report.detail
@@ -77,8 +79,11 @@ def test_row_inserted_in_the_middle(ledger_path: Path) -> None:
     forged["row_hash"] = _row_hash(forged)
     forged["signature"] = KeyPair.generate().sign(forged["row_hash"].encode())
     # Shift 3..5 up to 4..6 (via a detour, so the primary key never collides), then fill the hole.
-    tamper(ledger_path, "UPDATE executions SET id = id + 100 WHERE id >= 3",
-           "UPDATE executions SET id = id - 99 WHERE id >= 100")
+    tamper(
+        ledger_path,
+        "UPDATE executions SET id = id + 100 WHERE id >= 3",
+        "UPDATE executions SET id = id - 99 WHERE id >= 100",
+    )
     _insert(ledger_path, forged)
     report = _report(ledger_path)
     assert (report.ok, report.rows, report.first_bad) == (False, 2, 3)
@@ -97,8 +102,11 @@ def test_reordered_rows(ledger_path: Path) -> None:
     rows = raw_rows(ledger_path)
     columns = [name for name in rows[0] if name != "id"]
     assignments = ", ".join(f"{name} = ?" for name in columns)
-    tamper(ledger_path, *[f"UPDATE executions SET {assignments} WHERE id = ?"] * 2,
-           params=[tuple(rows[3][c] for c in columns) + (2,), tuple(rows[1][c] for c in columns) + (4,)])
+    tamper(
+        ledger_path,
+        *[f"UPDATE executions SET {assignments} WHERE id = ?"] * 2,
+        params=[tuple(rows[3][c] for c in columns) + (2,), tuple(rows[1][c] for c in columns) + (4,)],
+    )
     report = _report(ledger_path)
     assert (report.ok, report.rows, report.first_bad) == (False, 1, 2)
 
@@ -121,8 +129,11 @@ def test_deleted_last_row(ledger_path: Path, key: KeyPair) -> None:
 
 
 def test_rolled_back_head_is_caught(ledger_path: Path) -> None:
-    tamper(ledger_path, "DELETE FROM executions WHERE id = 5",
-           "UPDATE head SET count = 4, row_hash = (SELECT row_hash FROM executions WHERE id = 4)")
+    tamper(
+        ledger_path,
+        "DELETE FROM executions WHERE id = 5",
+        "UPDATE head SET count = 4, row_hash = (SELECT row_hash FROM executions WHERE id = 4)",
+    )
     report = _report(ledger_path)
     assert (report.ok, report.first_bad) == (False, None)
     assert "head" in report.detail
@@ -160,8 +171,12 @@ while True:
     if i == 1:
         print("ready", flush=True)
 """
-    proc = subprocess.Popen([sys.executable, "-c", writer, str(path), str(tmp_path / "keys")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", writer, str(path), str(tmp_path / "keys")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         time.sleep(0.5)
@@ -191,8 +206,12 @@ with Ledger.open(sys.argv[1], key=KeyPair.load(sys.argv[2])) as ledger:
     for i in range(25):
         ledger.append_execution({"status": "ok", "device_s": 1.0, "batch": sys.argv[3], "seq": i})
 """
-    procs = [subprocess.Popen([sys.executable, "-c", writer, str(path), str(tmp_path / "keys"), name],
-                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", writer, str(path), str(tmp_path / "keys"), name], stderr=subprocess.PIPE, text=True
+        )
+        for name in ("a", "b")
+    ]
     for proc in procs:
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
     with Ledger.open(path) as ledger:
@@ -216,7 +235,8 @@ def test_ledger_from_schema_v1_still_verifies(tmp_path: Path) -> None:
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from ledger_testing import execution, tamper
 
-from infrarsi.ledger import SCHEMA_VERSION, KeyPair, Ledger, LedgerError, canonical_json, sha256_hex, \
-    verify_signature
+from infrarsi.ledger import SCHEMA_VERSION, KeyPair, Ledger, LedgerError, canonical_json, sha256_hex, verify_signature
 
 
 def test_append_and_read_roundtrip(tmp_path: Path, key: KeyPair) -> None:
     with Ledger.open(tmp_path / "l.db", key=key, create=True) as ledger:
         first = ledger.append_execution(execution(0))
-        second = ledger.append_execution(execution(1, status="oom", step_time_s=None, llm_tokens=12,
-                                                   llm_cost=0.5, verdicts=None))
+        second = ledger.append_execution(
+            execution(1, status="oom", step_time_s=None, llm_tokens=12, llm_cost=0.5, verdicts=None)
+        )
         assert (first, second) == (1, 2)
         assert ledger.count() == 2
         row = ledger.get_execution(2)
@@ -45,17 +45,20 @@ def test_defaults_and_numeric_coercion(tmp_path: Path, key: KeyPair) -> None:
         assert ledger.verify_chain().ok
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"status": "ok", "device_s": 1, "colour": "red"}, "unknown ['colour']"),
-    ({"status": "fine", "device_s": 1}, "'fine' is not one of"),
-    ({"status": "ok"}, "['device_s'] required"),
-    ({"status": "ok", "device_s": 1, "id": 7}, "set by the ledger"),
-    ({"status": "ok", "device_s": float("nan")}, "finite"),
-    ({"status": "ok", "device_s": 1, "exit_code": True}, "integer"),
-    ({"status": "ok", "device_s": 1, "knobs": ["a"]}, "expected a dict"),
-    ({"status": "ok", "device_s": 1, "patches": [{"name": "x"}]}, "'name', 'sha256'"),
-    ({"status": "ok", "device_s": 1, "verdicts": {"x": object()}}, "not JSON-serialisable"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"status": "ok", "device_s": 1, "colour": "red"}, "unknown ['colour']"),
+        ({"status": "fine", "device_s": 1}, "'fine' is not one of"),
+        ({"status": "ok"}, "['device_s'] required"),
+        ({"status": "ok", "device_s": 1, "id": 7}, "set by the ledger"),
+        ({"status": "ok", "device_s": float("nan")}, "finite"),
+        ({"status": "ok", "device_s": 1, "exit_code": True}, "integer"),
+        ({"status": "ok", "device_s": 1, "knobs": ["a"]}, "expected a dict"),
+        ({"status": "ok", "device_s": 1, "patches": [{"name": "x"}]}, "'name', 'sha256'"),
+        ({"status": "ok", "device_s": 1, "verdicts": {"x": object()}}, "not JSON-serialisable"),
+    ],
+)
 def test_bad_fields_are_refused(tmp_path: Path, key: KeyPair, fields: dict, message: str) -> None:
     with Ledger.open(tmp_path / "l.db", key=key, create=True) as ledger:
         with pytest.raises(LedgerError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -72,8 +75,10 @@ def test_blobs_are_content_addressed_and_idempotent(tmp_path: Path, key: KeyPair
         assert ledger.get_blob("0" * 64) is None
         ledger.append_execution(execution(0), blobs={"a": (b"patch text", "patch"), "b": (b"rx", "receipts")})
         rows = list(ledger.db.query("SELECT hash, kind, size FROM blobs ORDER BY size"))
-        assert rows == [{"hash": sha256_hex(b"rx"), "kind": "receipts", "size": 2},
-                        {"hash": digest, "kind": "patch", "size": 10}]
+        assert rows == [
+            {"hash": sha256_hex(b"rx"), "kind": "receipts", "size": 2},
+            {"hash": digest, "kind": "patch", "size": 10},
+        ]
 
 
 def test_altered_blob_is_reported(tmp_path: Path, key: KeyPair) -> None:
@@ -96,8 +101,11 @@ def test_a_failed_append_stores_nothing(tmp_path: Path, key: KeyPair) -> None:
 def test_append_only_triggers_refuse_plain_edits(ledger_path: Path) -> None:
     conn = sqlite3.connect(ledger_path)
     try:
-        for sql in ("UPDATE executions SET status = 'crash'", "DELETE FROM executions",
-                    "UPDATE meta SET value = 'x' WHERE key = 'public_key'"):
+        for sql in (
+            "UPDATE executions SET status = 'crash'",
+            "DELETE FROM executions",
+            "UPDATE meta SET value = 'x' WHERE key = 'public_key'",
+        ):
             with pytest.raises(sqlite3.IntegrityError):
                 conn.execute(sql)
     finally:
@@ -137,8 +145,12 @@ def test_open_refuses_files_that_are_not_ledgers(tmp_path: Path, key: KeyPair) -
 
 def test_writing_needs_the_ledgers_own_key(ledger_path: Path) -> None:
     with Ledger.open(ledger_path, key=KeyPair.generate()) as ledger:
-        for write in (lambda: ledger.append_execution(execution(9)), lambda: ledger.put_blob(b"x", "x"),
-                      lambda: ledger.set_meta("k", "v"), lambda: ledger.append_baseline("b", {})):
+        for write in (
+            lambda: ledger.append_execution(execution(9)),
+            lambda: ledger.put_blob(b"x", "x"),
+            lambda: ledger.set_meta("k", "v"),
+            lambda: ledger.append_baseline("b", {}),
+        ):
             with pytest.raises(LedgerError, match="is not this ledger's key"):
                 write()
         assert ledger.count() == 5  # reading still works
@@ -157,11 +169,14 @@ def test_baseline_roundtrip(tmp_path: Path, key: KeyPair) -> None:
     assert set(latest) == {"id", "batch", "created_at", "summary"}
 
 
-@pytest.mark.parametrize("attack, message", [
-    ("UPDATE baselines SET batch = 'forged'", "signature does not verify"),
-    ("UPDATE blobs SET data = X'7b7d' WHERE kind = 'baseline'", "altered"),
-    ("DELETE FROM blobs WHERE kind = 'baseline'", "is missing"),
-])
+@pytest.mark.parametrize(
+    "attack, message",
+    [
+        ("UPDATE baselines SET batch = 'forged'", "signature does not verify"),
+        ("UPDATE blobs SET data = X'7b7d' WHERE kind = 'baseline'", "altered"),
+        ("DELETE FROM blobs WHERE kind = 'baseline'", "is missing"),
+    ],
+)
 def test_tampered_baseline_is_detected(tmp_path: Path, key: KeyPair, attack: str, message: str) -> None:
     path = tmp_path / "l.db"
     with Ledger.open(path, key=key, create=True) as ledger:
@@ -208,10 +223,17 @@ def test_key_save_and_load(tmp_path: Path, key: KeyPair) -> None:
         KeyPair.load(tmp_path / "keys")
 
 
-@pytest.mark.parametrize("public, data, signature", [
-    ("zz", b"data", "00"), ("", b"", ""), (None, b"data", None), ("00" * 32, "text", "00" * 64),
-    (KeyPair.generate().public_hex, b"data", "00" * 64), (123, 456, 789),
-])
+@pytest.mark.parametrize(
+    "public, data, signature",
+    [
+        ("zz", b"data", "00"),
+        ("", b"", ""),
+        (None, b"data", None),
+        ("00" * 32, "text", "00" * 64),
+        (KeyPair.generate().public_hex, b"data", "00" * 64),
+        (123, 456, 789),
+    ],
+)
 def test_verify_signature_never_raises(public, data, signature) -> None:
     assert verify_signature(public, data, signature) is False
 

@@ -97,7 +97,10 @@ def test_without_a_runner_the_probe_is_a_no_op(tmp_path):
 
 
 def test_importing_the_probe_loads_nothing_heavy():
-    code = "import sys; from infrarsi import probe; print(sorted(m for m in ('torch','numpy','rich','sqlite_utils') if m in sys.modules))"
+    code = (
+        "import sys; from infrarsi import probe; "
+        "print(sorted(m for m in ('torch','numpy','rich','sqlite_utils') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stderr
 
@@ -136,7 +139,7 @@ def test_cuda_is_synchronized_at_both_ends_and_its_peak_is_reported(tmp_path, mo
     assert [name for name, _ in events] == ["sync", "body", "sync"] * 2
     steps = [r for r in records(out) if r["type"] == "step"]
     for i, rec in enumerate(steps):
-        first_sync, body, last_sync = (stamp for _, stamp in events[3 * i:3 * i + 3])
+        first_sync, body, last_sync = (stamp for _, stamp in events[3 * i : 3 * i + 3])
         assert first_sync <= rec["t0_ns"] <= body <= last_sync <= rec["t1_ns"]
         assert rec["peak_mem_bytes"] == 3 * 2**30  # CUDA max allocated, not the process RSS
 
@@ -205,8 +208,8 @@ def test_a_large_parents_size_carried_across_exec_is_never_the_jobs_peak():
     proc = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     carried, first, grown, kernel = map(int, proc.stdout.split())
-    assert carried > 400 * 2**20          # the kernel did carry the parent's size
-    assert first < 200 * 2**20            # ...and the probe did not take it for the job's
+    assert carried > 400 * 2**20  # the kernel did carry the parent's size
+    assert first < 200 * 2**20  # ...and the probe did not take it for the job's
     assert grown > 600 * 2**20 and abs(grown - kernel) < 2**20
 
 
@@ -355,10 +358,10 @@ def test_a_mode_the_job_pushes_inside_the_window_stays_on_the_stack():
 
     with tempfile.TemporaryDirectory() as folder:
         p = Probe(os.path.join(folder, "r.jsonl"), total_steps=3, sample=frozenset({2}))
-        p.log(1, loss=1.0)            # the window for step 2 opens
+        p.log(1, loss=1.0)  # the window for step 2 opens
         mine = Counting().__enter__()  # the job's own mode, entered inside it and kept open
         torch.ones(2) @ torch.ones(2)
-        p.log(2, loss=1.0)            # the window closes under it
+        p.log(2, loss=1.0)  # the window closes under it
         assert _get_current_dispatch_mode() is mine
         mine.__exit__(None, None, None)
         assert _get_current_dispatch_mode() is None

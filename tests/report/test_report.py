@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from infrarsi._report._document import Document
 from infrarsi.examples.landscape import Landscape, make_workspace
-from infrarsi.report._document import Document
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
@@ -33,11 +32,18 @@ def _cli(*args, cwd: Path):
 
 def _landscape() -> Landscape:
     """`fast` alone runs out of memory (`saver` rescues it); `threads=2` crashes beside `tidy`."""
-    return Landscape(name="report-fixture", patches=["tidy"],
-                     knobs={"fast": (["0", "1"], "0"), "saver": (["0", "1"], "0"), "threads": (["1", "2"], "1")},
-                     base_ms=20.0, base_mb=70.0, limit_mb=130.0, noise=0.01,
-                     time={"fast=1": 0.5, "saver=1": 1.04, "threads=2": 0.97, "+tidy": 0.98},
-                     memory={"fast=1": 60.0, "saver=1": -40.0}, crash=["threads=2&+tidy"])
+    return Landscape(
+        name="report-fixture",
+        patches=["tidy"],
+        knobs={"fast": (["0", "1"], "0"), "saver": (["0", "1"], "0"), "threads": (["1", "2"], "1")},
+        base_ms=20.0,
+        base_mb=70.0,
+        limit_mb=130.0,
+        noise=0.01,
+        time={"fast=1": 0.5, "saver=1": 1.04, "threads=2": 0.97, "+tidy": 0.98},
+        memory={"fast=1": 60.0, "saver=1": -40.0},
+        crash=["threads=2&+tidy"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +74,15 @@ def test_report_shows_every_receipt_with_its_checks_diff_and_costs(searched, tmp
         assert out["executions"] == db.execute("select count(*) from executions").fetchone()[0]
         by_status = dict(db.execute("select status, count(*) from executions group by status"))
     md = Path(out["markdown"]).read_text()
-    for section in ("## Baseline diagnosis", "## Promoted candidates", "## The search", "### Crashes and timeouts",
-                    "### Incompatibilities found", "## Resource ledger", "## Honest limits"):
+    for section in (
+        "## Baseline diagnosis",
+        "## Promoted candidates",
+        "## The search",
+        "### Crashes and timeouts",
+        "### Incompatibilities found",
+        "## Resource ledger",
+        "## Honest limits",
+    ):
         assert section in md
     for rid, receipt in receipts.items():
         body = receipt["receipt"]
@@ -110,16 +123,28 @@ def test_the_report_opens_in_headless_chromium_without_console_errors(searched, 
     assert done.returncode == 0, done.stderr
     problems: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-                    if m.type in ("error", "warning") else None)
+            page.on(
+                "console",
+                lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None,
+            )
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.on("request", lambda r: problems.append(f"fetched {r.url}")
-                    if not r.url.startswith(("file:", "data:")) else None)
+            page.on(
+                "request",
+                lambda r: problems.append(f"fetched {r.url}") if not r.url.startswith(("file:", "data:")) else None,
+            )
             page.goto(Path(out["html"]).as_uri())
             page.wait_for_load_state("load")
             for name in ("best-so-far", "memory-speed"):
@@ -192,8 +217,24 @@ def test_document_text_never_escapes_into_markup(text, cells):
     body = page.split("<body>", 1)[1]
     # Whatever the text holds, the only tags are the ones the document writes.
     tags = set(re.findall(r"<\s*/?\s*([a-zA-Z0-9]+)", body))
-    assert tags <= {"h1", "h2", "p", "ul", "li", "table", "thead", "tbody", "tr", "th", "td", "pre", "code",
-                    "strong", "body", "html"}
+    assert tags <= {
+        "h1",
+        "h2",
+        "p",
+        "ul",
+        "li",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+        "pre",
+        "code",
+        "strong",
+        "body",
+        "html",
+    }
     md = doc.markdown("plots")
     assert md.endswith("\n")
 
@@ -205,9 +246,9 @@ def test_a_code_block_keeps_its_text_inside_the_fence(code, title):
     doc.heading(title)
     doc.code(code)
     lines = doc.markdown("plots").split("\n")
-    assert lines[0].startswith("# ") and lines[1] == ""   # the title stays one line
+    assert lines[0].startswith("# ") and lines[1] == ""  # the title stays one line
     opener = next(i for i, line in enumerate(lines) if line.startswith("```"))
     fence = lines[opener]
     closer = next(i for i in range(opener + 1, len(lines)) if lines[i].lstrip(" ").startswith(fence))
     # The block closes where the document closes it: after every line of the code.
-    assert lines[opener + 1:closer] == code.rstrip("\n").split("\n")
+    assert lines[opener + 1 : closer] == code.rstrip("\n").split("\n")

@@ -7,9 +7,9 @@ import sys
 
 
 def test_fingerprint_names_the_software_and_the_devices():
-    from infrarsi._fingerprint import environment_fingerprint
-
     import torch
+
+    from infrarsi.runner._fingerprint import environment_fingerprint
 
     fp = environment_fingerprint()
     assert fp["torch"] == torch.__version__
@@ -18,7 +18,9 @@ def test_fingerprint_names_the_software_and_the_devices():
 
 
 def test_fingerprint_does_not_import_torch():
-    code = ("import sys; from infrarsi._fingerprint import environment_fingerprint as f; f(); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from infrarsi.runner._fingerprint import environment_fingerprint as f; f(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

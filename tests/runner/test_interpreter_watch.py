@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from infrarsi._interpreter import EnvironmentWatch, import_roots
+from infrarsi.runner._interpreter import EnvironmentWatch, import_roots
 from infrarsi.verifiers import check_run_integrity
 
 
@@ -16,8 +16,13 @@ def test_added_changed_and_deleted_files_are_reported_and_additions_removed(tmp_
     (packages / "gone.py").write_text("y = 1\n")
     (stdlib / "os.py").write_text("z = 1\n")
     watch = EnvironmentWatch([packages], [stdlib])
-    assert watch.after_run() == {"roots": [str(packages), str(stdlib)], "added": [], "changed": [], "deleted": [],
-                                 "removed": []}
+    assert watch.after_run() == {
+        "roots": [str(packages), str(stdlib)],
+        "added": [],
+        "changed": [],
+        "deleted": [],
+        "removed": [],
+    }
     (packages / "evil.pth").write_text("import evil\n")
     (stdlib / "sitecustomize.py").write_text("import evil\n")
     (packages / "torch" / "optim.py").write_text("x = 2  # slower\n")
@@ -39,8 +44,12 @@ def test_the_watched_folders_are_this_interpreters():
 
 
 def test_a_changed_environment_fails_integrity_framework():
-    base = {"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": [],
-            "containment": {"version": 1, "strays": [], "subreaper": True, "root_lost": False}}
+    base = {
+        "protected_changed_before_run": [],
+        "protected_changed_by_run": [],
+        "framework_changed": [],
+        "containment": {"version": 1, "strays": [], "subreaper": True, "root_lost": False},
+    }
     checks = {c.id: c for c in check_run_integrity({**base, "environment_changed": ["site-packages/x.pth (added)"]})}
     assert checks["integrity.framework"].status == "fail" and "x.pth" in checks["integrity.framework"].detail
     clean = {c.id: c for c in check_run_integrity({**base, "environment_changed": []})}

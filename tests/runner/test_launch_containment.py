@@ -16,15 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
-
-from infrarsi._candidate import resolve_candidate
-from infrarsi._contract import load_contract
-from infrarsi._hashing import hash_protected
-from infrarsi._containment import STRAY_GRACE_S, _Cgroup, _own_cgroup, _pid_namespace
-from infrarsi._launch import LaunchSpec, launch
-from infrarsi._runner import LocalExecutor
-from infrarsi.verifiers import check_run_integrity
 from processes import alive, gone_within
+
+from infrarsi._hashing import hash_protected
+from infrarsi.contract._candidate import resolve_candidate
+from infrarsi.contract._contract import load_contract
+from infrarsi.runner._cgroup import Cgroup, own_cgroup, pid_namespace
+from infrarsi.runner._containment import STRAY_GRACE_S
+from infrarsi.runner._executor import LocalExecutor
+from infrarsi.runner._launch import LaunchSpec, launch
+from infrarsi.verifiers import check_run_integrity
 
 DAEMON = '''
 import os, signal, sys, time
@@ -65,6 +66,7 @@ def cgroups(request) -> bool:
 @pytest.fixture
 def job(tmp_path):
     """Writes a job script into ``tmp_path``; any daemon it leaves is killed by pid at the end."""
+
     def write(body: str) -> list[str]:
         (tmp_path / "job.py").write_text(DAEMON + body)
         return [sys.executable, "job.py"]
@@ -87,13 +89,25 @@ def daemon_pid(folder: Path, wait_s: float = 5.0) -> int | None:
 
 
 def run(argv, folder, timeout_s=20.0, limit_mb=400, cgroups=True):
-    return launch(LaunchSpec(argv=argv, cwd=folder, env=dict(os.environ), timeout_s=timeout_s,
-                             memory_limit_bytes=limit_mb * MB, cgroups=cgroups))
+    return launch(
+        LaunchSpec(
+            argv=argv,
+            cwd=folder,
+            env=dict(os.environ),
+            timeout_s=timeout_s,
+            memory_limit_bytes=limit_mb * MB,
+            cgroups=cgroups,
+        )
+    )
 
 
 def containment_check(containment: dict):
-    integrity = {"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": [],
-                 "containment": containment}
+    integrity = {
+        "protected_changed_before_run": [],
+        "protected_changed_by_run": [],
+        "framework_changed": [],
+        "containment": containment,
+    }
     return {r.id: r for r in check_run_integrity(integrity)}["integrity.containment"]
 
 
@@ -112,7 +126,7 @@ def test_a_double_forked_daemon_is_a_stray_killed_and_failed(job, tmp_path, cgro
     assert check.status == "fail" and f"pid {pid}" in check.detail and "job.py" in check.detail
 
 
-HONEST = '''
+HONEST = """
 import multiprocessing as mp
 import subprocess
 
@@ -132,7 +146,7 @@ if __name__ == "__main__":
     # Still tearing down when the job ends, as DataLoader workers can be: inside the grace.
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
     print("done")
-'''
+"""
 
 
 def test_an_honest_job_with_workers_passes(job, tmp_path, cgroups):
@@ -148,7 +162,7 @@ def test_an_honest_job_with_workers_passes(job, tmp_path, cgroups):
     assert elapsed - seen.wall_s < STRAY_GRACE_S
 
 
-HOG = '''
+HOG = """
 def hog():
     hoard = []
     for _ in range(8):
@@ -161,7 +175,7 @@ def hog():
 
 daemon(hog)
 time.sleep(30)
-'''
+"""
 
 
 def test_a_daemon_s_memory_counts_for_the_memory_guard(job, tmp_path, cgroups):
@@ -184,8 +198,7 @@ def test_timeout_kills_a_reparented_daemon(job, tmp_path, cgroups):
 
 def test_a_job_that_kills_the_shim_leaves_nothing_alive(job, tmp_path, cgroups):
     # The job's parent is the shim: killing it orphans the daemon a second time.
-    seen = run(job("daemon(sleep)\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(30)\n"), tmp_path,
-               cgroups=cgroups)
+    seen = run(job("daemon(sleep)\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(30)\n"), tmp_path, cgroups=cgroups)
     pid = daemon_pid(tmp_path)
     assert seen.status == "crash" and seen.exit_code == -signal.SIGKILL
     assert gone_within(pid, 5.0), f"daemon {pid} outlived the execution"
@@ -196,7 +209,7 @@ def test_a_job_that_kills_the_shim_leaves_nothing_alive(job, tmp_path, cgroups):
     assert check.status == "fail" and "shim" in check.detail
 
 
-ASSASSIN = '''
+ASSASSIN = """
 def assassin():
     time.sleep(0.3)
     os.kill(os.getppid(), signal.SIGKILL)  # by now the daemon's parent is the shim
@@ -204,7 +217,7 @@ def assassin():
 
 
 daemon(assassin)
-'''
+"""
 
 
 def test_a_daemon_that_kills_the_shim_after_the_job_ended_is_still_killed(job, tmp_path, cgroups):
@@ -218,18 +231,26 @@ def test_a_daemon_that_kills_the_shim_after_the_job_ended_is_still_killed(job, t
 
 
 def test_a_job_that_signals_its_own_group_does_not_take_the_shim_with_it(job, tmp_path):
-    seen = run(job("subprocess = __import__('subprocess')\n"
-                   "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-                   "os.killpg(0, signal.SIGTERM)\ntime.sleep(30)\n"), tmp_path)
+    seen = run(
+        job(
+            "subprocess = __import__('subprocess')\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+            "os.killpg(0, signal.SIGTERM)\ntime.sleep(30)\n"
+        ),
+        tmp_path,
+    )
     assert seen.status == "crash" and seen.exit_code == -signal.SIGTERM
     assert "signal 15" in seen.detail
     assert seen.containment["strays"] == [] and not seen.containment["root_lost"]
 
 
-@pytest.mark.parametrize("how, code, detail", [
-    ("raise SystemExit(3)", 3, "exit code 3"),
-    ("os.kill(os.getpid(), signal.SIGABRT)", -signal.SIGABRT, "signal 6"),
-])
+@pytest.mark.parametrize(
+    "how, code, detail",
+    [
+        ("raise SystemExit(3)", 3, "exit code 3"),
+        ("os.kill(os.getpid(), signal.SIGABRT)", -signal.SIGABRT, "signal 6"),
+    ],
+)
 def test_the_job_s_own_exit_status_comes_through_the_shim(job, tmp_path, how, code, detail):
     seen = run(job(how + "\n"), tmp_path)
     assert seen.status == "crash" and seen.exit_code == code and detail in seen.detail
@@ -239,7 +260,7 @@ def test_the_job_s_own_exit_status_comes_through_the_shim(job, tmp_path, how, co
 DRIVER = """
 import os, signal, sys
 from pathlib import Path
-from infrarsi._launch import LaunchSpec, launch
+from infrarsi.runner._launch import LaunchSpec, launch
 
 def stop(signum, frame):
     raise KeyboardInterrupt
@@ -252,8 +273,9 @@ launch(LaunchSpec(argv=[sys.executable, "job.py"], cwd=Path.cwd(), env=dict(os.e
 def drive(job, tmp_path) -> tuple[subprocess.Popen, int]:
     """A second infrarsi process running the daemon job; returns it and the daemon's pid."""
     argv = job("daemon(sleep)\ntime.sleep(60)\n")
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, *argv], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, *argv], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     pid = daemon_pid(tmp_path, wait_s=20)
     assert pid is not None, driver.stderr.read() if driver.poll() is not None else "no daemon"
     return driver, pid
@@ -271,14 +293,14 @@ def test_stopping_infrarsi_kills_a_reparented_daemon(job, tmp_path, sig):
 def _our_cgroups() -> list[Path]:
     out = []
     for kind in ("v2", "v1-memory"):
-        parent = _own_cgroup(kind)
+        parent = own_cgroup(kind)
         if parent is not None and parent.is_dir():
-            out += [p for p in parent.iterdir() if p.name.startswith(f"infrarsi-{_pid_namespace()}-")]
+            out += [p for p in parent.iterdir() if p.name.startswith(f"infrarsi-{pid_namespace()}-")]
     return out
 
 
 def _cgroup_available() -> bool:
-    cgroup = _Cgroup.create()
+    cgroup = Cgroup.create()
     if cgroup is None:
         return False
     cgroup.remove()
@@ -296,7 +318,7 @@ def test_the_cgroup_gives_a_memory_high_water_mark_and_is_removed(job, tmp_path)
     assert record["cgroup"] in ("v1-memory", "v2")
     if record["cgroup_peak_bytes"] is not None:  # v2 without its memory controller has none
         assert record["cgroup_peak_bytes"] > 80 * MB
-    assert not [p for p in _our_cgroups() if p.name.startswith(f"infrarsi-{_pid_namespace()}-{os.getpid()}-")]
+    assert not [p for p in _our_cgroups() if p.name.startswith(f"infrarsi-{pid_namespace()}-{os.getpid()}-")]
     assert containment_check(record).detail.endswith(f"(subreaper and cgroup {record['cgroup']})")
 
 
@@ -322,8 +344,10 @@ DAEMON_PATCH_AFTER = "p = probe.from_env()\n"
 def test_a_candidate_patch_that_leaves_a_daemon_gets_a_failed_containment_check(toyjob, tmp_path):
     # End to end through the executor: the daemon comes in a patch, as a cheat would.
     train = (toyjob / "train.py").read_text()
-    daemon = ("if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-              "        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\nos.wait()\n")
+    daemon = (
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\nos.wait()\n"
+    )
     patched = train.replace(DAEMON_PATCH_AFTER, DAEMON_PATCH_AFTER + daemon, 1)
     diff = "".join(difflib.unified_diff(train.splitlines(True), patched.splitlines(True), "a/train.py", "b/train.py"))
     (tmp_path / "daemon.diff").write_text(diff)

@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from infrarsi._candidate import resolve_candidate
-from infrarsi._contract import load_contract
-from infrarsi._hashing import hash_protected
-from infrarsi._receipts import parse_receipts
-from infrarsi._runner import LocalExecutor, build_argv
 from processes import gone_within
+
+from infrarsi._hashing import hash_protected
+from infrarsi.contract._candidate import resolve_candidate
+from infrarsi.contract._contract import load_contract
+from infrarsi.runner._executor import LocalExecutor, build_argv
+from infrarsi.runner._receipts import parse_receipts
 
 
 @pytest.fixture
@@ -69,16 +69,34 @@ def test_knobs_reach_the_job_as_flag_and_env(contract):
 
 
 def test_secrets_never_reach_the_workload(executor, contract, monkeypatch):
-    for name in ("OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_TOKEN",
-                 "DB_PASSWORD", "HF_TOKEN", "SOME_SECRET", "INFRARSI_SIGNING_KEY", "TORCH_API_KEY"):
+    for name in (
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "GITHUB_TOKEN",
+        "MY_SERVICE_TOKEN",
+        "DB_PASSWORD",
+        "HF_TOKEN",
+        "SOME_SECRET",
+        "INFRARSI_SIGNING_KEY",
+        "TORCH_API_KEY",
+    ):
         monkeypatch.setenv(name, "hunter2")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = execute(executor, contract, {"speed": "fast"})
     assert result.status == "ok"
     declared = receipts_of(result).declared()
     names = set(declared["env_names"])
-    assert not names & {"OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "MY_SERVICE_TOKEN",
-                        "DB_PASSWORD", "HF_TOKEN", "SOME_SECRET", "INFRARSI_SIGNING_KEY", "TORCH_API_KEY"}
+    assert not names & {
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "GITHUB_TOKEN",
+        "MY_SERVICE_TOKEN",
+        "DB_PASSWORD",
+        "HF_TOKEN",
+        "SOME_SECRET",
+        "INFRARSI_SIGNING_KEY",
+        "TORCH_API_KEY",
+    }
     assert {"INFRARSI_RECEIPTS", "INFRARSI_STEPS", "OMP_NUM_THREADS", "TOY_SPEED"} <= names
     assert declared["speed"] == "fast"
     assert declared["home"] != os.environ.get("HOME")
@@ -187,10 +205,10 @@ def test_protected_file_changed_at_run_time_is_recorded(executor, contract):
 
 DRIVER = """
 import json, sys
-from infrarsi._candidate import resolve_candidate
-from infrarsi._contract import load_contract
+from infrarsi.contract._candidate import resolve_candidate
+from infrarsi.contract._contract import load_contract
 from infrarsi._hashing import hash_protected
-from infrarsi._runner import LocalExecutor
+from infrarsi.runner._executor import LocalExecutor
 contract = load_contract(sys.argv[1])
 pinned = hash_protected(contract.workspace, contract.protected_globs)
 result = LocalExecutor().run(contract, pinned, resolve_candidate(contract, {"mode": sys.argv[2]}, []))
@@ -213,8 +231,14 @@ def test_the_installed_framework_changed_at_run_time_is_recorded(tmp_path, contr
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
 
     def drive(mode):  # run from tmp_path: with -c, the current folder (this checkout) is first on sys.path
-        proc = subprocess.run([sys.executable, "-c", DRIVER, str(contract.workspace / "infrarsi.toml"), mode],
-                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-c", DRIVER, str(contract.workspace / "infrarsi.toml"), mode],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 

@@ -42,8 +42,8 @@ class Fail:
 @dataclass(frozen=True)
 class Request:
     path: str
-    body: dict | None           # the parsed JSON body (None if it was not JSON)
-    authorization: str | None   # the Authorization header as received
+    body: dict | None  # the parsed JSON body (None if it was not JSON)
+    authorization: str | None  # the Authorization header as received
     headers: dict[str, str]
 
 
@@ -57,8 +57,7 @@ class ChatServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="chat-server",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="chat-server", daemon=True)
 
     @property
     def port(self) -> int:
@@ -92,13 +91,21 @@ class ChatServer:
         return Fail(500, f"no scripted reply for request {index + 1}")
 
     def _completion(self, reply: Reply, index: int) -> dict:
-        out = {"id": f"chatcmpl-test-{index}", "object": "chat.completion", "created": int(time.time()),
-               "model": self.model,
-               "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.content},
-                            "finish_reason": "stop"}]}
+        out = {
+            "id": f"chatcmpl-test-{index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": reply.content}, "finish_reason": "stop"}
+            ],
+        }
         if reply.usage:
-            out["usage"] = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+            out["usage"] = {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            }
         return out
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -129,8 +136,10 @@ class ChatServer:
                 request = Request(self.path, body, self.headers.get("Authorization"), dict(self.headers.items()))
                 answer = server._next(request)
                 if isinstance(answer, Fail):
-                    self._send(answer.status, {"error": {"message": answer.message, "type": "scripted",
-                                                         "code": str(answer.status)}})
+                    self._send(
+                        answer.status,
+                        {"error": {"message": answer.message, "type": "scripted", "code": str(answer.status)}},
+                    )
                     return
                 if answer.delay_s:
                     time.sleep(answer.delay_s)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infrarsi._contract import load_contract
+from infrarsi._search.strategy._catalog import CATALOG, CatalogProposer, unified_diff
+from infrarsi._search.strategy._proposers import ProposalContext, editable_sources
 from infrarsi.auditors import check_sources
-from infrarsi.search._catalog import CATALOG, CatalogProposer, unified_diff
-from infrarsi.search._proposers import ProposalContext, editable_sources
+from infrarsi.contract._contract import load_contract
 
 TINYGPT = Path(__file__).parents[2] / "examples" / "tinygpt"
 CODEMODS = {codemod.name: codemod for codemod in CATALOG}
@@ -45,8 +45,11 @@ def test_no_codemod_applies_to_text_that_does_not_parse(name):
 
 # ---------------------------------------------------------------- sdpa-attention
 
+
 def test_sdpa_replaces_the_manual_branch_and_drops_the_mask_it_no_longer_needs():
-    _applies("sdpa-attention", '''
+    _applies(
+        "sdpa-attention",
+        """
         import math
         import torch
         import torch.nn.functional as F
@@ -60,7 +63,8 @@ def test_sdpa_replaces_the_manual_branch_and_drops_the_mask_it_no_longer_needs()
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
             scores = scores.masked_fill(~mask, float("-inf"))
             return torch.softmax(scores, dim=-1) @ v
-        ''', '''
+        """,
+        """
         import math
         import torch
         import torch.nn.functional as F
@@ -70,11 +74,14 @@ def test_sdpa_replaces_the_manual_branch_and_drops_the_mask_it_no_longer_needs()
             if kind == "sdpa":
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        ''')
+        """,
+    )
 
 
 def test_sdpa_takes_weights_named_like_the_scores_a_division_by_sqrt_and_mask_eq_zero():
-    _applies("sdpa-attention", '''
+    _applies(
+        "sdpa-attention",
+        """
         import math
         import torch
         import torch.nn.functional as F
@@ -88,7 +95,8 @@ def test_sdpa_takes_weights_named_like_the_scores_a_division_by_sqrt_and_mask_eq
             att = F.softmax(att, dim=-1)
             y = att @ v
             return y
-        ''', '''
+        """,
+        """
         import math
         import torch
         import torch.nn.functional as F
@@ -97,11 +105,14 @@ def test_sdpa_takes_weights_named_like_the_scores_a_division_by_sqrt_and_mask_eq
         def attend(q, k, v):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return y
-        ''')
+        """,
+    )
 
 
 def test_sdpa_without_an_f_alias_keeps_a_custom_scale_and_takes_an_in_place_future_mask():
-    _applies("sdpa-attention", '''
+    _applies(
+        "sdpa-attention",
+        """
         import torch
 
 
@@ -111,17 +122,21 @@ def test_sdpa_without_an_f_alias_keeps_a_custom_scale_and_takes_an_in_place_futu
             scores = torch.matmul(q, k.mT) * scale
             scores.masked_fill_(future, -torch.inf)
             return torch.matmul(scores.softmax(-1), v).transpose(1, 2)
-        ''', '''
+        """,
+        """
         import torch
 
 
         def attend(q, k, v, scale):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale).transpose(1, 2)
-        ''')
+        """,
+    )
 
 
 def test_sdpa_turns_a_division_into_a_scale_and_reads_through_bool_and_logical_not():
-    _applies("sdpa-attention", '''
+    _applies(
+        "sdpa-attention",
+        """
         import torch
 
 
@@ -130,17 +145,21 @@ def test_sdpa_turns_a_division_into_a_scale_and_reads_through_bool_and_logical_n
             s = q @ k.transpose(-2, -1) / self.temperature
             s = s.masked_fill(m.logical_not(), float("-inf"))
             return torch.softmax(s, -1) @ v
-        ''', '''
+        """,
+        """
         import torch
 
 
         def attend(self, q, k, v, n):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / self.temperature)
-        ''')
+        """,
+    )
 
 
 def test_sdpa_keeps_a_mask_still_used_elsewhere():
-    _applies("sdpa-attention", '''
+    _applies(
+        "sdpa-attention",
+        """
         import math
         import torch
         from torch.nn import functional as fn
@@ -153,7 +172,8 @@ def test_sdpa_keeps_a_mask_still_used_elsewhere():
             scores = scores.masked_fill(~mask, float("-inf"))
             out = torch.softmax(scores, -1) @ v
             return out, mask
-        ''', '''
+        """,
+        """
         import math
         import torch
         from torch.nn import functional as fn
@@ -164,10 +184,11 @@ def test_sdpa_keeps_a_mask_still_used_elsewhere():
             mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
             out = fn.scaled_dot_product_attention(q, k, v, is_causal=True)
             return out, mask
-        ''')
+        """,
+    )
 
 
-_ATTENTION = '''
+_ATTENTION = """
     import math
     import torch
     import torch.nn.functional as F
@@ -179,32 +200,43 @@ _ATTENTION = '''
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill({hide}, {fill})
         {tail}
-    '''
+    """
 _CAUSAL = "mask = torch.tril(torch.ones(t, t))"
 _FINAL = "return torch.softmax(scores, dim=-1) @ v"
 
 
-@pytest.mark.parametrize("mask, hide, fill, tail", [
-    ("pass", "self.bias[:, :, :t, :t] == 0", 'float("-inf")', _FINAL),                   # a buffer: not visible here
-    ("pass", "~pad", 'float("-inf")', _FINAL),                                           # a padding mask
-    ("mask = torch.tril(torch.ones(t, t), diagonal=-1)", "mask == 0", 'float("-inf")', _FINAL),
-    ("mask = torch.tril(torch.ones(t, t + 1))", "mask == 0", 'float("-inf")', _FINAL),   # not square
-    ("mask = torch.triu(torch.ones(t, t), diagonal=1)", "mask == 0", 'float("-inf")', _FINAL),  # wrong polarity
-    (_CAUSAL, "mask == 0", "-1e9", _FINAL),                                              # not -inf
-    (_CAUSAL, "mask == 0", 'float("-inf")',
-     "att = torch.softmax(scores, dim=-1)\n        att = self.drop(att)\n        return att @ v"),  # dropout
-    (_CAUSAL, "mask == 0", 'float("-inf")', "out = torch.softmax(scores, dim=-1) @ v\n        return out, scores"),
-    (_CAUSAL, "mask == 0", 'float("-inf")', "return torch.softmax(scores, dim=-2) @ v"),
-    (_CAUSAL, "mask == 0", 'float("-inf")', "return torch.softmax(scores, dim=-1) @ self.v(x)"),  # v is a call
-    ("mask = torch.tril(torch.ones(t, t))\n        mask = mask.to(q.device)", "mask == 0", 'float("-inf")', _FINAL),
-])
+@pytest.mark.parametrize(
+    "mask, hide, fill, tail",
+    [
+        ("pass", "self.bias[:, :, :t, :t] == 0", 'float("-inf")', _FINAL),  # a buffer: not visible here
+        ("pass", "~pad", 'float("-inf")', _FINAL),  # a padding mask
+        ("mask = torch.tril(torch.ones(t, t), diagonal=-1)", "mask == 0", 'float("-inf")', _FINAL),
+        ("mask = torch.tril(torch.ones(t, t + 1))", "mask == 0", 'float("-inf")', _FINAL),  # not square
+        ("mask = torch.triu(torch.ones(t, t), diagonal=1)", "mask == 0", 'float("-inf")', _FINAL),  # wrong polarity
+        (_CAUSAL, "mask == 0", "-1e9", _FINAL),  # not -inf
+        (
+            _CAUSAL,
+            "mask == 0",
+            'float("-inf")',
+            "att = torch.softmax(scores, dim=-1)\n        att = self.drop(att)\n        return att @ v",
+        ),  # dropout
+        (_CAUSAL, "mask == 0", 'float("-inf")', "out = torch.softmax(scores, dim=-1) @ v\n        return out, scores"),
+        (_CAUSAL, "mask == 0", 'float("-inf")', "return torch.softmax(scores, dim=-2) @ v"),
+        (_CAUSAL, "mask == 0", 'float("-inf")', "return torch.softmax(scores, dim=-1) @ self.v(x)"),  # v is a call
+        ("mask = torch.tril(torch.ones(t, t))\n        mask = mask.to(q.device)", "mask == 0", 'float("-inf")', _FINAL),
+    ],
+)
 def test_sdpa_leaves_attention_it_cannot_prove_causal_and_plain(mask, hide, fill, tail):
     _leaves("sdpa-attention", _ATTENTION.format(mask=mask, hide=hide, fill=fill, tail=tail))
 
 
 def test_sdpa_needs_torch_imported_by_name():
-    _leaves("sdpa-attention", _ATTENTION.format(mask=_CAUSAL, hide="~mask", fill='float("-inf")', tail=_FINAL)
-            .replace("import torch\n", "").replace("import torch.nn.functional as F\n", ""))
+    _leaves(
+        "sdpa-attention",
+        _ATTENTION.format(mask=_CAUSAL, hide="~mask", fill='float("-inf")', tail=_FINAL)
+        .replace("import torch\n", "")
+        .replace("import torch.nn.functional as F\n", ""),
+    )
 
 
 def test_sdpa_rewrite_computes_the_same_outputs_and_gradients():
@@ -227,8 +259,11 @@ def test_sdpa_rewrite_computes_the_same_outputs_and_gradients():
 
 # ---------------------------------------------------------------- foreach-optimizer
 
+
 def test_foreach_is_added_however_the_optimizer_is_imported_keeping_the_call_layout():
-    _applies("foreach-optimizer", '''
+    _applies(
+        "foreach-optimizer",
+        """
         import torch
         from torch import optim
         from torch.optim import SGD as Plain
@@ -242,7 +277,8 @@ def test_foreach_is_added_however_the_optimizer_is_imported_keeping_the_call_lay
         )
         d = torch.optim.RMSprop(params, lr=0.01,
                                 alpha=0.9)
-        ''', '''
+        """,
+        """
         import torch
         from torch import optim
         from torch.optim import SGD as Plain
@@ -258,17 +294,21 @@ def test_foreach_is_added_however_the_optimizer_is_imported_keeping_the_call_lay
         d = torch.optim.RMSprop(params, lr=0.01,
                                 alpha=0.9,
                                 foreach=True)
-        ''')
+        """,
+    )
 
 
-@pytest.mark.parametrize("call", [
-    "torch.optim.AdamW(params, lr=1e-3, foreach=False)",
-    "torch.optim.AdamW(params, fused=True)",
-    "torch.optim.Adam(params, differentiable=True)",
-    "torch.optim.SGD(params, **settings)",
-    "torch.optim.LBFGS(params)",
-    "AdamW(params)",                       # a local class of that name, not torch's
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "torch.optim.AdamW(params, lr=1e-3, foreach=False)",
+        "torch.optim.AdamW(params, fused=True)",
+        "torch.optim.Adam(params, differentiable=True)",
+        "torch.optim.SGD(params, **settings)",
+        "torch.optim.LBFGS(params)",
+        "AdamW(params)",  # a local class of that name, not torch's
+    ],
+)
 def test_foreach_leaves_optimizers_that_chose_or_cannot_take_it(call):
     _leaves("foreach-optimizer", f"import torch\n\n\nclass AdamW:\n    pass\n\n\nopt = {call}\n")
 
@@ -279,8 +319,11 @@ def test_foreach_does_not_apply_to_tinygpt_which_has_a_knob_for_it():
 
 # ---------------------------------------------------------------- cached-causal-mask
 
+
 def test_cached_mask_adds_the_helper_before_its_first_user_and_functools_in_isort_order():
-    _applies("cached-causal-mask", '''
+    _applies(
+        "cached-causal-mask",
+        '''
         """Model."""
 
         from __future__ import annotations
@@ -303,7 +346,8 @@ def test_cached_mask_adds_the_helper_before_its_first_user_and_functools_in_isor
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
             scores = scores.masked_fill(~mask, float("-inf"))
             return torch.softmax(scores, dim=-1) @ v
-        ''', '''
+        ''',
+        '''
         """Model."""
 
         from __future__ import annotations
@@ -333,11 +377,14 @@ def test_cached_mask_adds_the_helper_before_its_first_user_and_functools_in_isor
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
             scores = scores.masked_fill(~mask, float("-inf"))
             return torch.softmax(scores, dim=-1) @ v
-        ''')
+        ''',
+    )
 
 
 def test_cached_mask_inline_in_a_method_with_functools_imported_and_the_helper_name_taken():
-    _applies("cached-causal-mask", '''
+    _applies(
+        "cached-causal-mask",
+        '''
         """Doc."""
         import functools
 
@@ -350,7 +397,8 @@ def test_cached_mask_inline_in_a_method_with_functools_imported_and_the_helper_n
             def forward(self, x):
                 t = x.shape[1]
                 return x.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device)), 0.0)
-        ''', '''
+        ''',
+        '''
         """Doc."""
         import functools
 
@@ -369,19 +417,23 @@ def test_cached_mask_inline_in_a_method_with_functools_imported_and_the_helper_n
             def forward(self, x):
                 t = x.shape[1]
                 return x.masked_fill(~_causal_mask_cached(t, t, torch.bool, x.device), 0.0)
-        ''')
+        ''',
+    )
 
 
-@pytest.mark.parametrize("body", [
-    "self.register_buffer('mask', torch.tril(torch.ones(t, t)))",          # in __init__, see below
-    "return torch.tril(torch.ones(t, t))",                                  # escapes to the caller
-    "mask = torch.tril(torch.ones(t, t))\n    mask[0, 0] = 0\n    return x * mask",
-    "mask = torch.tril(torch.ones(t, t))\n    mask.mul_(2)\n    return x * mask",
-    "mask = torch.tril(torch.ones(t, t))\n    self.keep = mask\n    return x",
-    "mask = torch.tril(torch.ones(len(x), len(x)))\n    return x * mask",  # sizes are calls
-    "mask = torch.tril(torch.ones(t, t, requires_grad=True))\n    return x * mask",
-    "mask = torch.tril(torch.ones(t, t), diagonal=1)\n    return x * mask",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "self.register_buffer('mask', torch.tril(torch.ones(t, t)))",  # in __init__, see below
+        "return torch.tril(torch.ones(t, t))",  # escapes to the caller
+        "mask = torch.tril(torch.ones(t, t))\n    mask[0, 0] = 0\n    return x * mask",
+        "mask = torch.tril(torch.ones(t, t))\n    mask.mul_(2)\n    return x * mask",
+        "mask = torch.tril(torch.ones(t, t))\n    self.keep = mask\n    return x",
+        "mask = torch.tril(torch.ones(len(x), len(x)))\n    return x * mask",  # sizes are calls
+        "mask = torch.tril(torch.ones(t, t, requires_grad=True))\n    return x * mask",
+        "mask = torch.tril(torch.ones(t, t), diagonal=1)\n    return x * mask",
+    ],
+)
 def test_cached_mask_leaves_masks_that_could_be_changed_kept_or_are_not_plain(body):
     name = "__init__" if "register_buffer" in body else "forward"
     _leaves("cached-causal-mask", f"import torch\n\n\ndef {name}(self, x, t):\n    {body}\n")
@@ -389,14 +441,19 @@ def test_cached_mask_leaves_masks_that_could_be_changed_kept_or_are_not_plain(bo
 
 def test_cached_mask_leaves_module_level_masks_and_modules_without_import_torch():
     _leaves("cached-causal-mask", "import torch\n\nMASK = torch.tril(torch.ones(8, 8))\n")
-    _leaves("cached-causal-mask", "from torch import ones, tril\n\n\ndef f(x, t):\n"
-                                  "    mask = tril(ones(t, t))\n    return x * mask\n")
+    _leaves(
+        "cached-causal-mask",
+        "from torch import ones, tril\n\n\ndef f(x, t):\n    mask = tril(ones(t, t))\n    return x * mask\n",
+    )
 
 
 # ---------------------------------------------------------------- no-checkpoint
 
+
 def test_no_checkpoint_calls_the_function_directly_and_drops_the_unused_import():
-    _applies("no-checkpoint", '''
+    _applies(
+        "no-checkpoint",
+        """
         import torch
         from torch.utils.checkpoint import checkpoint
 
@@ -408,7 +465,8 @@ def test_no_checkpoint_calls_the_function_directly_and_drops_the_unused_import()
                 else:
                     x = block(x)
             return x
-        ''', '''
+        """,
+        """
         import torch
 
 
@@ -419,11 +477,14 @@ def test_no_checkpoint_calls_the_function_directly_and_drops_the_unused_import()
                 else:
                     x = block(x)
             return x
-        ''')
+        """,
+    )
 
 
 def test_no_checkpoint_handles_each_import_style_lambdas_and_trailing_commas():
-    _applies("no-checkpoint", '''
+    _applies(
+        "no-checkpoint",
+        """
         import torch
         import torch.utils.checkpoint as cp
         from torch.utils.checkpoint import checkpoint as ckpt
@@ -437,7 +498,8 @@ def test_no_checkpoint_handles_each_import_style_lambdas_and_trailing_commas():
                 b,
                 use_reentrant=False,
             )
-        ''', '''
+        """,
+        """
         import torch
         import torch.utils.checkpoint as cp
 
@@ -448,20 +510,25 @@ def test_no_checkpoint_handles_each_import_style_lambdas_and_trailing_commas():
             return self.head(
                 b,
             )
-        ''')
+        """,
+    )
 
 
-@pytest.mark.parametrize("source", [
-    "import torch\n\n\ndef checkpoint(path):\n    torch.save({}, path)\n\n\ncheckpoint('model.pt')\n",
-    "from torch.utils.checkpoint import checkpoint_sequential\n\ny = checkpoint_sequential(layers, 2, x)\n",
-    "from torch.utils.checkpoint import checkpoint\n\ny = checkpoint(block, x, **options)\n",
-    "from torch.utils.checkpoint import checkpoint\n\ny = checkpoint(function=block)\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\n\n\ndef checkpoint(path):\n    torch.save({}, path)\n\n\ncheckpoint('model.pt')\n",
+        "from torch.utils.checkpoint import checkpoint_sequential\n\ny = checkpoint_sequential(layers, 2, x)\n",
+        "from torch.utils.checkpoint import checkpoint\n\ny = checkpoint(block, x, **options)\n",
+        "from torch.utils.checkpoint import checkpoint\n\ny = checkpoint(function=block)\n",
+    ],
+)
 def test_no_checkpoint_leaves_other_checkpoints_and_calls_it_cannot_unwrap(source):
     _leaves("no-checkpoint", source)
 
 
 # ---------------------------------------------------------------- the proposer and its diffs
+
 
 def test_a_diff_marks_a_missing_final_newline_and_git_applies_it(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\ny = 2")
@@ -476,8 +543,13 @@ def test_a_diff_keeps_crlf_lines_and_git_applies_it(tmp_path):
     after = CODEMODS["foreach-optimizer"].transform(before)
     assert after == "import torch\r\n\r\nopt = torch.optim.Adam(p, foreach=True)\r\n"
     (tmp_path / "a.py").write_bytes(before.encode())
-    subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=unified_diff("a.py", before, after).encode(),
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "apply", "-"],
+        cwd=tmp_path,
+        input=unified_diff("a.py", before, after).encode(),
+        check=True,
+        capture_output=True,
+    )
     assert (tmp_path / "a.py").read_bytes() == after.encode()
 
 
@@ -497,15 +569,19 @@ def test_catalog_proposals_for_tinygpt_apply_compile_and_pass_the_source_audit(t
     context = _context(tinygpt)
     before = {path: (tinygpt / path).read_text() for path in context.editable}
     proposals = CatalogProposer().propose(context)
-    assert {p.patch.name for p in proposals} == {"catalog:sdpa-attention", "catalog:cached-causal-mask",
-                                                 "catalog:no-checkpoint"}
+    assert {p.patch.name for p in proposals} == {
+        "catalog:sdpa-attention",
+        "catalog:cached-causal-mask",
+        "catalog:no-checkpoint",
+    }
     for proposal in proposals:
         assert proposal.origin == "catalog" and proposal.rationale
         diff = proposal.patch.text
         assert diff.startswith("diff --git a/model.py b/model.py\n--- a/model.py\n+++ b/model.py\n@@ ")
         assert diff.endswith("\n")
-        check = subprocess.run(["git", "apply", "--check", "-"], cwd=tinygpt, input=diff, text=True,
-                               capture_output=True)
+        check = subprocess.run(
+            ["git", "apply", "--check", "-"], cwd=tinygpt, input=diff, text=True, capture_output=True
+        )
         assert check.returncode == 0, (proposal.patch.name, check.stderr)
         codemod = CODEMODS[proposal.patch.name.split(":", 1)[1]]
         after = {path: codemod.transform(text) or text for path, text in before.items()}
@@ -513,17 +589,19 @@ def test_catalog_proposals_for_tinygpt_apply_compile_and_pass_the_source_audit(t
             compile(text, path, "exec")
         changed = {path: (before[path], after[path]) for path in before if after[path] != before[path]}
         results = check_sources(changed, context.contract.numerics.precision, context.contract.protected_globs)
-        assert results and all(r.status == "pass" for r in results), [r.to_json() for r in results
-                                                                      if r.status != "pass"]
-    assert {path: (tinygpt / path).read_text() for path in before} == before   # the workspace is untouched
+        assert results and all(r.status == "pass" for r in results), [
+            r.to_json() for r in results if r.status != "pass"
+        ]
+    assert {path: (tinygpt / path).read_text() for path in before} == before  # the workspace is untouched
 
 
 def test_applied_catalog_diffs_give_the_codemod_text(tinygpt):
     for proposal in CatalogProposer().propose(_context(tinygpt)):
         work = tinygpt.parent / proposal.patch.name.replace(":", "-")
         shutil.copytree(tinygpt, work)
-        subprocess.run(["git", "apply", "-"], cwd=work, input=proposal.patch.text, text=True, check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "apply", "-"], cwd=work, input=proposal.patch.text, text=True, check=True, capture_output=True
+        )
         codemod = CODEMODS[proposal.patch.name.split(":", 1)[1]]
         assert (work / "model.py").read_text() == codemod.transform((tinygpt / "model.py").read_text())
 
@@ -532,13 +610,20 @@ def test_one_proposal_covers_every_file_a_codemod_changes(tinygpt):
     (tinygpt / "extra.py").write_text("import torch\n\nopt = torch.optim.SGD(params, lr=0.1)")
     (tinygpt / "more.py").write_text("import torch\n\nopt = torch.optim.Adam(params)\n")
     contract = load_contract(tinygpt / "infrarsi.toml")
-    context = ProposalContext(tinygpt, contract, {**editable_sources(contract),
-                                                  "extra.py": (tinygpt / "extra.py").read_text(),
-                                                  "more.py": (tinygpt / "more.py").read_text()})
+    context = ProposalContext(
+        tinygpt,
+        contract,
+        {
+            **editable_sources(contract),
+            "extra.py": (tinygpt / "extra.py").read_text(),
+            "more.py": (tinygpt / "more.py").read_text(),
+        },
+    )
     (foreach,) = [p for p in CatalogProposer().propose(context) if p.patch.name == "catalog:foreach-optimizer"]
     assert foreach.patch.text.count("diff --git ") == 2
-    subprocess.run(["git", "apply", "-"], cwd=tinygpt, input=foreach.patch.text, text=True, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "apply", "-"], cwd=tinygpt, input=foreach.patch.text, text=True, check=True, capture_output=True
+    )
     assert (tinygpt / "extra.py").read_text().endswith("lr=0.1, foreach=True)")
     assert (tinygpt / "more.py").read_text().endswith("Adam(params, foreach=True)\n")
 

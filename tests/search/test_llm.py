@@ -12,16 +12,23 @@ pytest.importorskip("openai")
 
 from chat_server import ChatServer, Fail, Reply
 
-from infrarsi._contract import load_contract
-from infrarsi.search._llm import LLMConfig, LLMProposer, extract_diffs, llm_config
-from infrarsi.search._proposers import ProposalContext, Proposer, editable_sources
+from infrarsi._search.strategy._llm import LLMConfig, LLMProposer, extract_diffs, llm_config
+from infrarsi._search.strategy._proposers import ProposalContext, Proposer, editable_sources
+from infrarsi.contract._contract import load_contract
 from infrarsi.verifiers import check_scope
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tinygpt"
 KEY = "sk-test-0123456789abcdef"
-DIAGNOSIS = {"runs": 3, "step_time_s": {"median": 0.04213, "cv": 0.0123, "mad": 0.0007},
-             "within_run_cv": 0.0311, "tokens_per_s": 97531.5, "peak_mem_mb": 471.25, "mfu": 0.0642,
-             "reference": {"loss": [4.1, 4.0, 3.9]}, "run_step_times_s": [0.042, 0.0421, 0.0423]}
+DIAGNOSIS = {
+    "runs": 3,
+    "step_time_s": {"median": 0.04213, "cv": 0.0123, "mad": 0.0007},
+    "within_run_cv": 0.0311,
+    "tokens_per_s": 97531.5,
+    "peak_mem_mb": 471.25,
+    "mfu": 0.0642,
+    "reference": {"loss": [4.1, 4.0, 3.9]},
+    "run_step_times_s": [0.042, 0.0421, 0.0423],
+}
 
 IN_SCOPE = """\
 diff --git a/model.py b/model.py
@@ -47,8 +54,10 @@ diff --git a/helpers.py b/helpers.py
 
 
 def fenced(*blocks: str, lang: str = "diff") -> str:
-    parts = [f"Idea {n}: this removes a redundant allocation in step {n}.\n\n```{lang}\n{block}```\n"
-             for n, block in enumerate(blocks, start=1)]
+    parts = [
+        f"Idea {n}: this removes a redundant allocation in step {n}.\n\n```{lang}\n{block}```\n"
+        for n, block in enumerate(blocks, start=1)
+    ]
     return "Here are my ideas.\n\n" + "\n".join(parts) + "\nThat is all."
 
 
@@ -68,8 +77,14 @@ def context(tmp_path: Path) -> ProposalContext:
 
 
 def config_for(server: ChatServer, **overrides) -> LLMConfig:
-    values = {"base_url": server.base_url, "model": "test-model", "api_key": KEY, "max_proposals": 3,
-              "cost_per_1k_tokens": 0.5, "timeout_s": 10.0}
+    values = {
+        "base_url": server.base_url,
+        "model": "test-model",
+        "api_key": KEY,
+        "max_proposals": 3,
+        "cost_per_1k_tokens": 0.5,
+        "timeout_s": 10.0,
+    }
     return LLMConfig(**(values | overrides))
 
 
@@ -81,10 +96,14 @@ def scope_of(context: ProposalContext, text: str) -> dict[str, str]:
 
 # -- configuration ------------------------------------------------------------------------
 
-SEARCH = {"llm_base_url": None, "llm_model": None, "llm_api_key_env": "INFRARSI_LLM_API_KEY",
-          "llm_max_proposals": 3, "llm_cost_per_1k_tokens": 0.002}
-ENV = {"INFRARSI_LLM_BASE_URL": "http://env.example/v1", "INFRARSI_LLM_MODEL": "env-model",
-       "INFRARSI_LLM_API_KEY": KEY}
+SEARCH = {
+    "llm_base_url": None,
+    "llm_model": None,
+    "llm_api_key_env": "INFRARSI_LLM_API_KEY",
+    "llm_max_proposals": 3,
+    "llm_cost_per_1k_tokens": 0.002,
+}
+ENV = {"INFRARSI_LLM_BASE_URL": "http://env.example/v1", "INFRARSI_LLM_MODEL": "env-model", "INFRARSI_LLM_API_KEY": KEY}
 
 
 def test_config_from_the_environment() -> None:
@@ -99,9 +118,14 @@ def test_contract_values_win_over_the_environment() -> None:
     assert why == "on: m1 at http://contract/v1"
 
 
-@pytest.mark.parametrize("missing, named", [("INFRARSI_LLM_BASE_URL", "llm_base_url"),
-                                            ("INFRARSI_LLM_MODEL", "llm_model"),
-                                            ("INFRARSI_LLM_API_KEY", "$INFRARSI_LLM_API_KEY")])
+@pytest.mark.parametrize(
+    "missing, named",
+    [
+        ("INFRARSI_LLM_BASE_URL", "llm_base_url"),
+        ("INFRARSI_LLM_MODEL", "llm_model"),
+        ("INFRARSI_LLM_API_KEY", "$INFRARSI_LLM_API_KEY"),
+    ],
+)
 def test_each_missing_setting_turns_it_off_by_name(missing: str, named: str) -> None:
     env = {k: v for k, v in ENV.items() if k != missing}
     config, why = llm_config(SEARCH, env)
@@ -150,6 +174,7 @@ def test_the_key_is_not_in_reprs() -> None:
 
 # -- proposals ----------------------------------------------------------------------------
 
+
 def test_two_diffs_give_two_proposals(context: ProposalContext) -> None:
     with ChatServer([Reply(fenced(IN_SCOPE, TOUCHES_TRAIN), prompt_tokens=100, completion_tokens=23)]) as server:
         proposals = LLMProposer(config_for(server)).propose(context)
@@ -182,7 +207,7 @@ def test_the_request_carries_model_sources_diagnosis_and_key(context: ProposalCo
         assert source.rstrip("\n") in text
     for number in ("0.04213", "0.0123", "0.0311", "97531.5", "471.25", "0.0642"):
         assert number in text
-    assert "4.1, 4.0" not in text            # per-step trajectories stay out
+    assert "4.1, 4.0" not in text  # per-step trajectories stay out
     assert "micro_batch" in text and "up to 3" in text
     assert KEY not in str(body)
 
@@ -208,7 +233,7 @@ def test_an_empty_reply_is_malformed(context: ProposalContext) -> None:
 def test_a_server_error_is_an_error_proposal(context: ProposalContext) -> None:
     with ChatServer([Fail(500, "the model is overloaded")]) as server:
         proposals = LLMProposer(config_for(server)).propose(context)
-    assert len(server.requests) == 1          # no retries
+    assert len(server.requests) == 1  # no retries
     (p,) = proposals
     assert p.patch.name == "llm:error" and p.origin == "llm"
     assert "InternalServerError" in p.patch.text and "overloaded" in p.patch.text
@@ -226,7 +251,7 @@ def test_a_rejected_key_is_scrubbed_from_the_error(context: ProposalContext) -> 
 def test_an_unreachable_endpoint_is_an_error_proposal(context: ProposalContext) -> None:
     server = ChatServer()
     url = server.base_url
-    server.close()                            # nothing listens on the port now
+    server.close()  # nothing listens on the port now
     (p,) = LLMProposer(LLMConfig(url, "m", KEY, timeout_s=5.0)).propose(context)
     assert p.patch.name == "llm:error" and "APIConnectionError" in p.patch.text
 
@@ -288,15 +313,18 @@ def test_the_server_also_answers_without_the_v1_prefix(context: ProposalContext)
 
 # -- reading replies ----------------------------------------------------------------------
 
+
 def test_extract_keeps_patch_blocks_and_skips_code() -> None:
-    reply = ("Some code:\n```python\nprint(1)\n```\n\nFirst, cache it.\n```patch\n" + IN_SCOPE + "```\n"
-             "Unlabelled:\n```\n" + TOUCHES_TRAIN + "```\n")
+    reply = (
+        "Some code:\n```python\nprint(1)\n```\n\nFirst, cache it.\n```patch\n" + IN_SCOPE + "```\n"
+        "Unlabelled:\n```\n" + TOUCHES_TRAIN + "```\n"
+    )
     assert extract_diffs(reply) == [("First, cache it.", IN_SCOPE), ("Unlabelled:", TOUCHES_TRAIN)]
 
 
 def test_extract_keeps_an_unclosed_block_and_trims_the_rationale() -> None:
     prose = "word " * 100
-    (rationale, text), = extract_diffs(prose + "\n```diff\n" + IN_SCOPE)
+    ((rationale, text),) = extract_diffs(prose + "\n```diff\n" + IN_SCOPE)
     assert text == IN_SCOPE
     assert len(rationale) <= 200 and rationale.endswith("...")
 

@@ -6,16 +6,17 @@ import math
 import random
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from infrarsi.search._models import Failures, MemoryModel, SpeedModel, expected_improvement
-from infrarsi.search._space import Space
+from infrarsi._search.strategy._models import Failures, MemoryModel, SpeedModel, expected_improvement
+from infrarsi._search.strategy._space import Space
 
 
 def _space() -> Space:
-    return Space({"a": (("0", "1"), "0"), "b": (("0", "1", "2"), "0"), "c": (("0", "1"), "0"),
-                  "d": (("0", "1"), "0")}, ["p", "q"])
+    return Space(
+        {"a": (("0", "1"), "0"), "b": (("0", "1", "2"), "0"), "c": (("0", "1"), "0"), "d": (("0", "1"), "0")},
+        ["p", "q"],
+    )
 
 
 TRUE_LOG_MB = {"a=1": 0.45, "b=1": -0.10, "b=2": -0.25, "c=1": 0.05, "d=1": 0.0, "+p": 0.35, "+q": -0.05}
@@ -42,9 +43,12 @@ def test_censored_fit_recovers_memory_from_oom_evidence_better_than_dropping_oom
         points, peaks, oom = _observations(space, limit, random.Random(seed))
         assert sum(oom) >= 10, "the landscape must put a good share of runs past the limit"
         kept = [i for i, o in enumerate(oom) if not o]
-        models = {"tobit": MemoryModel(space, limit).fit(points, [None if o else v for v, o in zip(peaks, oom)], oom),
-                  "dropped": MemoryModel(space, limit).fit([points[i] for i in kept], [peaks[i] for i in kept],
-                                                           [False] * len(kept))}
+        models = {
+            "tobit": MemoryModel(space, limit).fit(points, [None if o else v for v, o in zip(peaks, oom)], oom),
+            "dropped": MemoryModel(space, limit).fit(
+                [points[i] for i in kept], [peaks[i] for i in kept], [False] * len(kept)
+            ),
+        }
         for name, model in models.items():
             errors[name].append(np.sqrt(np.mean((model.predict(everything)[0] - truth) ** 2)))
             wrong[name].append(np.mean((model.p_fit(everything) > 0.5) != fits))
@@ -58,8 +62,14 @@ def test_an_atom_seen_only_in_ooms_is_learned_to_cost_memory():
     """OOM-only evidence: `+p` never ran to completion, yet the fit says it needs memory."""
     space, limit = _space(), 500.0
     base = space.baseline()
-    points = [base, space.with_atoms(base, ["b=1"]), space.with_atoms(base, ["c=1"]),
-              space.with_atoms(base, ["+p"]), space.with_atoms(base, ["+p", "c=1"]), space.with_atoms(base, ["+p", "b=1"])]
+    points = [
+        base,
+        space.with_atoms(base, ["b=1"]),
+        space.with_atoms(base, ["c=1"]),
+        space.with_atoms(base, ["+p"]),
+        space.with_atoms(base, ["+p", "c=1"]),
+        space.with_atoms(base, ["+p", "b=1"]),
+    ]
     peaks = [400.0, 362.0, 421.0, None, None, None]
     oom = [False, False, False, True, True, True]
     tobit = MemoryModel(space, limit).fit(points, peaks, oom)
@@ -87,7 +97,7 @@ def test_speed_model_learns_an_interaction_and_is_unsure_where_it_has_no_data():
     both = space.with_atoms(base, ["a=1", "+p"])
     mean, std = model.predict([both, space.with_atoms(base, ["a=1"]), space.with_atoms(base, ["d=1"])])
     assert abs(math.exp(mean[0]) - true_time(both)) / true_time(both) < 0.05
-    assert std[2] > 2 * std[0]     # never saw d=1: more uncertain there
+    assert std[2] > 2 * std[0]  # never saw d=1: more uncertain there
 
 
 def test_expected_improvement_prefers_lower_mean_and_more_uncertainty():
@@ -105,7 +115,7 @@ def test_a_failure_that_a_passing_run_contains_is_a_flake():
 def test_failures_learn_a_crashing_pair_and_stop_trying_it():
     f = Failures()
     f.add_failure(frozenset({"compile=1", "kernel=triton", "+x"}), "crash: cannot be combined")
-    assert 0 < f.p_ok(frozenset({"kernel=triton"})) < 1          # suspect, not yet condemned
+    assert 0 < f.p_ok(frozenset({"kernel=triton"})) < 1  # suspect, not yet condemned
     for ok in ({"compile=1", "+x"}, {"kernel=triton"}, {"kernel=triton", "+x"}):
         f.add_success(frozenset(ok))
     learned = f.incompatibilities()
@@ -115,8 +125,7 @@ def test_failures_learn_a_crashing_pair_and_stop_trying_it():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sets(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1), st.booleans()),
-                max_size=12))
+@given(st.lists(st.tuples(st.sets(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1), st.booleans()), max_size=12))
 def test_failures_never_clear_a_set_that_failed(events):
     """A failed set is never tried again, unless a passing run contains it (then it was a flake)."""
     f = Failures()
@@ -140,22 +149,27 @@ def test_failures_never_clear_a_set_that_failed(events):
 
 
 def test_promotion_puts_a_candidate_near_the_memory_limit_after_those_with_room():
-    from infrarsi.search._state import MEMORY_MARGIN, Observation, SearchState
+    from infrarsi._search.strategy._state import MEMORY_MARGIN, Observation, SearchState
 
     space = _space()
     limit = 560.0
     base = Observation(space.baseline(), "ok", 0.300, 470.0, 1, "baseline")
-    tight = space.point({"a": "1"}, ["p"])            # the fastest, but at 96% of the limit
-    roomy = space.point({"b": "1"})                   # slower, with room
-    flaky = space.point({"c": "1"})                   # fast once, out of memory once
-    too_slow = space.point({"d": "1"})                # under min_speedup
-    state = SearchState(space, base, limit, observations=[
-        Observation(tight, "ok", 0.120, limit * 0.96, 2, "explore"),
-        Observation(roomy, "ok", 0.200, limit * (1 - MEMORY_MARGIN) - 1, 3, "explore"),
-        Observation(flaky, "ok", 0.150, 400.0, 4, "explore"),
-        Observation(flaky, "oom", None, None, 5, "explore"),
-        Observation(too_slow, "ok", 0.299, 400.0, 6, "explore"),
-    ])
+    tight = space.point({"a": "1"}, ["p"])  # the fastest, but at 96% of the limit
+    roomy = space.point({"b": "1"})  # slower, with room
+    flaky = space.point({"c": "1"})  # fast once, out of memory once
+    too_slow = space.point({"d": "1"})  # under min_speedup
+    state = SearchState(
+        space,
+        base,
+        limit,
+        observations=[
+            Observation(tight, "ok", 0.120, limit * 0.96, 2, "explore"),
+            Observation(roomy, "ok", 0.200, limit * (1 - MEMORY_MARGIN) - 1, 3, "explore"),
+            Observation(flaky, "ok", 0.150, 400.0, 4, "explore"),
+            Observation(flaky, "oom", None, None, 5, "explore"),
+            Observation(too_slow, "ok", 0.299, 400.0, 6, "explore"),
+        ],
+    )
     order = state.promotion_order(1.02)
     assert order[0] == roomy and set(order[1:]) == {tight, flaky}
     assert too_slow not in order

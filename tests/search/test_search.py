@@ -13,22 +13,22 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from chat_server import ChatServer, Reply
-from infrarsi._candidate import UsageError
+from hypothesis import given, settings, strategies as st
+
 from infrarsi._receipt import verify_receipt
+from infrarsi._search._pack import validate_pack
+from infrarsi.errors import UsageError
 from infrarsi.examples.landscape import Landscape, make_workspace
-from infrarsi.search._pack import validate_pack
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
 
 
 def _cli(*args, cwd: Path, env: dict | None = None, check_json: bool = True):
-    done = subprocess.run(CLI + list(args), cwd=cwd, capture_output=True, text=True, timeout=PATIENCE_S,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        CLI + list(args), cwd=cwd, capture_output=True, text=True, timeout=PATIENCE_S, env={**os.environ, **(env or {})}
+    )
     payload = json.loads(done.stdout.splitlines()[-1]) if check_json and done.stdout.strip() else None
     return done, payload
 
@@ -63,11 +63,17 @@ def _assert_best_is_receipted(out: dict, root: Path) -> None:
 
 def rescue_landscape() -> Landscape:
     """`fast` alone runs out of memory; only with `saver` (slightly slower, less memory) does it fit."""
-    return Landscape(name="rescue", patches=["tidy"],
-                     knobs={"fast": (["0", "1"], "0"), "saver": (["0", "1"], "0"), "threads": (["1", "2"], "1")},
-                     base_ms=20.0, base_mb=70.0, limit_mb=130.0, noise=0.01,
-                     time={"fast=1": 0.5, "saver=1": 1.04, "threads=2": 0.97, "+tidy": 0.98},
-                     memory={"fast=1": 60.0, "saver=1": -40.0})
+    return Landscape(
+        name="rescue",
+        patches=["tidy"],
+        knobs={"fast": (["0", "1"], "0"), "saver": (["0", "1"], "0"), "threads": (["1", "2"], "1")},
+        base_ms=20.0,
+        base_mb=70.0,
+        limit_mb=130.0,
+        noise=0.01,
+        time={"fast=1": 0.5, "saver=1": 1.04, "threads=2": 0.97, "+tidy": 0.98},
+        memory={"fast=1": 60.0, "saver=1": -40.0},
+    )
 
 
 def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
@@ -86,10 +92,14 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
     assert out["best"]["speedup"]["ci_low"] > 1.5
     _assert_best_is_receipted(out, root)
     rows = _rows(root)
-    assert out["executions"] == sum(1 for r in rows if r["batch"].startswith(f"search-{out['search']}")
-                                    and r["kind"] != "proposal") <= 18
+    assert (
+        out["executions"]
+        == sum(1 for r in rows if r["batch"].startswith(f"search-{out['search']}") and r["kind"] != "proposal")
+        <= 18
+    )
     assert out["cost"]["device_s"] == pytest.approx(
-        sum(r["device_s"] for r in rows if r["batch"].startswith(f"search-{out['search']}")), abs=1e-3)
+        sum(r["device_s"] for r in rows if r["batch"].startswith(f"search-{out['search']}")), abs=1e-3
+    )
     assert out["cost"]["by_status"].get("search:oom", 0) >= 1
     # A pack of what this ledger verified.
     pack_path = tmp_path / "rescue-pack.json"
@@ -113,9 +123,17 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
 
 def test_a_fast_candidate_that_changes_the_job_is_never_best(tmp_path):
     """The only real speedup changes the loss: rejected when explored, never promoted, no best."""
-    land = Landscape(name="cheat", patches=["skip-work"], knobs={"threads": (["1", "2"], "1")},
-                     base_ms=20.0, base_mb=40.0, limit_mb=400.0, noise=0.01,
-                     time={"+skip-work": 0.5, "threads=2": 1.01}, loss={"+skip-work": 1.05})
+    land = Landscape(
+        name="cheat",
+        patches=["skip-work"],
+        knobs={"threads": (["1", "2"], "1")},
+        base_ms=20.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"+skip-work": 0.5, "threads=2": 1.01},
+        loss={"+skip-work": 1.05},
+    )
     root = _workspace(tmp_path, land, ab_pairs=2)
     done, out = _cli("search", "--budget", "8", "--json", cwd=root)
     assert done.returncode == 1, done.stderr
@@ -129,14 +147,25 @@ def test_a_fast_candidate_that_changes_the_job_is_never_best(tmp_path):
 
 
 def test_resume_after_sigkill_repeats_nothing_and_loses_nothing(tmp_path):
-    land = Landscape(name="resume", patches=["a", "b"],
-                     knobs={"x": (["0", "1", "2"], "0"), "y": (["0", "1"], "0")},
-                     base_ms=60.0, base_mb=40.0, limit_mb=400.0, noise=0.01,
-                     time={"x=1": 0.8, "x=2": 0.9, "y=1": 0.95, "+a": 0.9, "+b": 1.02, "x=1&+a": 0.9})
+    land = Landscape(
+        name="resume",
+        patches=["a", "b"],
+        knobs={"x": (["0", "1", "2"], "0"), "y": (["0", "1"], "0")},
+        base_ms=60.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"x=1": 0.8, "x=2": 0.9, "y=1": 0.95, "+a": 0.9, "+b": 1.02, "x=1&+a": 0.9},
+    )
     root = _workspace(tmp_path, land, ab_pairs=2)
     budget = 16
-    proc = subprocess.Popen(CLI + ["search", "--budget", str(budget), "--json"], cwd=root, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        CLI + ["search", "--budget", str(budget), "--json"],
+        cwd=root,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + PATIENCE_S
     while sum(1 for r in _rows(root) if r["kind"] == "search") < 4:
         assert proc.poll() is None, proc.communicate()
@@ -152,15 +181,16 @@ def test_resume_after_sigkill_repeats_nothing_and_loses_nothing(tmp_path):
     assert out["resumed"] is True
     after = _rows(root)
     # Nothing recorded before the kill is lost or changed; the chain verifies.
-    assert after[:len(before)] == before
+    assert after[: len(before)] == before
     audit, report = _cli("audit", str(root / ".infrarsi" / "ledger.db"), "--json", cwd=root)
     assert audit.returncode == 0 and report["chain_ok"], audit.stdout
     # The execution the kill cut off (if one was running) is a crash row, with its device time.
-    cut = [r for r in after[len(before):] if r["status"] == "crash" and r["detail"].startswith("interrupted")]
+    cut = [r for r in after[len(before) :] if r["status"] == "crash" and r["detail"].startswith("interrupted")]
     assert len(cut) == len(journal) <= 1
     # No finished exploration point was run twice, and the budget held across both processes.
-    explored = [(r["knobs"], r["patches"]) for r in after if r["kind"] == "search"
-                and not r["detail"].startswith("interrupted")]
+    explored = [
+        (r["knobs"], r["patches"]) for r in after if r["kind"] == "search" and not r["detail"].startswith("interrupted")
+    ]
     keys = [json.dumps([json.loads(k), [p["name"] for p in json.loads(p)]], sort_keys=True) for k, p in explored]
     assert len(keys) == len(set(keys)), keys
     launched = [r for r in after if r["batch"].startswith(f"search-{out['search']}") and r["kind"] != "proposal"]
@@ -202,15 +232,27 @@ OUT_OF_SCOPE = textwrap.dedent("""\
 
 
 def test_llm_proposer_end_to_end_against_a_loopback_endpoint(tmp_path):
-    land = Landscape(name="llm", patches=["tidy"], knobs={"threads": (["1", "2"], "1")}, switches=["turbo"],
-                     base_ms=20.0, base_mb=40.0, limit_mb=400.0, noise=0.01,
-                     time={"+turbo": 0.6, "+tidy": 0.97, "threads=2": 0.98})
-    reply = (f"Turn on the turbo path:\n```diff\n{GOOD_DIFF}```\n"
-             f"And simplify the job:\n```diff\n{OUT_OF_SCOPE}```\n"
-             f"And a faster clock:\n```diff\n{UNSAFE}```\n")
+    land = Landscape(
+        name="llm",
+        patches=["tidy"],
+        knobs={"threads": (["1", "2"], "1")},
+        switches=["turbo"],
+        base_ms=20.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"+turbo": 0.6, "+tidy": 0.97, "threads=2": 0.98},
+    )
+    reply = (
+        f"Turn on the turbo path:\n```diff\n{GOOD_DIFF}```\n"
+        f"And simplify the job:\n```diff\n{OUT_OF_SCOPE}```\n"
+        f"And a faster clock:\n```diff\n{UNSAFE}```\n"
+    )
     with ChatServer([Reply(reply, prompt_tokens=900, completion_tokens=100)]) as server:
-        extra = (f'llm_base_url = "{server.base_url}"\nllm_model = "scripted-model"\n'
-                 f"llm_cost_per_1k_tokens = 0.5\nllm_max_proposals = 3\n")
+        extra = (
+            f'llm_base_url = "{server.base_url}"\nllm_model = "scripted-model"\n'
+            f"llm_cost_per_1k_tokens = 0.5\nllm_max_proposals = 3\n"
+        )
         root = _workspace(tmp_path, land, ab_pairs=2, proposers=("contract", "llm"), extra_search=extra)
         done, out = _cli("search", "--budget", "12", "--json", cwd=root, env={"INFRARSI_LLM_API_KEY": "sk-loopback"})
         requests = list(server.requests)
@@ -236,10 +278,22 @@ def test_llm_proposer_end_to_end_against_a_loopback_endpoint(tmp_path):
 
 
 def test_without_a_key_the_llm_proposer_is_off_with_a_clear_message(tmp_path):
-    land = Landscape(name="nokey", patches=["tidy"], knobs={"threads": (["1", "2"], "1")},
-                     base_ms=20.0, base_mb=40.0, limit_mb=400.0, time={"+tidy": 0.9})
-    root = _workspace(tmp_path, land, ab_pairs=2, proposers=("contract", "llm"),
-                      extra_search='llm_base_url = "http://127.0.0.1:9/v1"\nllm_model = "m"\n')
+    land = Landscape(
+        name="nokey",
+        patches=["tidy"],
+        knobs={"threads": (["1", "2"], "1")},
+        base_ms=20.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        time={"+tidy": 0.9},
+    )
+    root = _workspace(
+        tmp_path,
+        land,
+        ab_pairs=2,
+        proposers=("contract", "llm"),
+        extra_search='llm_base_url = "http://127.0.0.1:9/v1"\nllm_model = "m"\n',
+    )
     env = {k: "" for k in ("INFRARSI_LLM_API_KEY", "OPENAI_API_KEY")}
     done, out = _cli("search", "--budget", "7", "--json", cwd=root, env=env)
     assert done.returncode in (0, 1), done.stderr
@@ -248,8 +302,9 @@ def test_without_a_key_the_llm_proposer_is_off_with_a_clear_message(tmp_path):
 
 
 def test_bad_input_exits_2_with_a_clear_message(tmp_path):
-    land = Landscape(name="bad", patches=[], knobs={"threads": (["1", "2"], "1")},
-                     base_ms=5.0, base_mb=20.0, limit_mb=400.0)
+    land = Landscape(
+        name="bad", patches=[], knobs={"threads": (["1", "2"], "1")}, base_ms=5.0, base_mb=20.0, limit_mb=400.0
+    )
     root = make_workspace(tmp_path / "bad", land, ab_pairs=2)
     _cli("init", "--json", cwd=root)
     done, err = _cli("search", "--json", cwd=root)
@@ -267,18 +322,37 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                         max_size=4), max_leaves=20)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(json_values, st.fixed_dictionaries(
-    {"kind": st.just("infrarsi-pack"), "version": st.just(1),
-     "findings": st.lists(st.dictionaries(st.sampled_from(["knobs", "patches", "speedup", "patch_texts"]),
-                                          json_values, max_size=4), max_size=3),
-     "runs": st.lists(st.dictionaries(st.sampled_from(["knobs", "patches", "status", "time_ratio"]),
-                                      json_values, max_size=4), max_size=3)})))
+@given(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {
+                "kind": st.just("infrarsi-pack"),
+                "version": st.just(1),
+                "findings": st.lists(
+                    st.dictionaries(
+                        st.sampled_from(["knobs", "patches", "speedup", "patch_texts"]), json_values, max_size=4
+                    ),
+                    max_size=3,
+                ),
+                "runs": st.lists(
+                    st.dictionaries(
+                        st.sampled_from(["knobs", "patches", "status", "time_ratio"]), json_values, max_size=4
+                    ),
+                    max_size=3,
+                ),
+            }
+        ),
+    )
+)
 def test_pack_validation_never_raises_anything_but_a_usage_error(data):
     try:
         validate_pack(data, "fuzz.json")

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
+from verifier_testing import REFERENCE, RULES, make_run
 
 from infrarsi.verifiers import check_run_integrity, judge_run
 from infrarsi.verifiers._integrity import check_containment
-from verifier_testing import REFERENCE, RULES, make_run
 
-CLEAN = {"version": 1, "subreaper": True, "cgroup": "v1-memory", "cgroup_peak_bytes": 10 << 20, "grace_s": 1.0,
-         "strays": [], "killed": 0, "root_lost": False}
+CLEAN = {
+    "version": 1,
+    "subreaper": True,
+    "cgroup": "v1-memory",
+    "cgroup_peak_bytes": 10 << 20,
+    "grace_s": 1.0,
+    "strays": [],
+    "killed": 0,
+    "root_lost": False,
+}
 DAEMON = {"pid": 4242, "cmd": "python train.py --fast", "first_seen_s": 0.35}
 HASHES = {"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": []}
 
@@ -74,14 +81,19 @@ def test_judge_run_reports_it():
     assert clean["integrity.containment"].status == "pass"
 
 
-_value = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                      max_leaves=12)
+_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["version", "subreaper", "cgroup", "strays", "killed", "root_lost", "x"]),
-                       _value, max_size=7))
+@given(
+    st.dictionaries(
+        st.sampled_from(["version", "subreaper", "cgroup", "strays", "killed", "root_lost", "x"]), _value, max_size=7
+    )
+)
 def test_any_record_is_judged_without_raising_and_passes_only_when_clean(record):
     result = check_containment(record)
     assert result.status in ("pass", "fail", "unchecked")

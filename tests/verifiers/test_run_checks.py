@@ -5,14 +5,33 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
+from verifier_testing import (
+    MEASURE,
+    REFERENCE,
+    RULES,
+    SAMPLED,
+    SAMPLED_REFERENCE,
+    TOKENS,
+    TOTAL,
+    WARMUP,
+    make_run,
+    make_sampled_run,
+    param_grads,
+    param_rows,
+)
 
-from infrarsi.verifiers import (BaselineReference, CheckResult, RunEvidence, check_clock, check_precision,
-                                check_trajectory, check_window, judge_run)
+from infrarsi.verifiers import (
+    BaselineReference,
+    CheckResult,
+    RunEvidence,
+    check_clock,
+    check_precision,
+    check_trajectory,
+    check_window,
+    judge_run,
+)
 from infrarsi.verifiers._numerics import GRAD_FLOOR, check_grad_norm, compare_param_grads
-from verifier_testing import (MEASURE, REFERENCE, RULES, SAMPLED, SAMPLED_REFERENCE, TOKENS, TOTAL, WARMUP,
-                              make_run, make_sampled_run, param_grads, param_rows)
 
 
 def _by_id(results):
@@ -21,9 +40,16 @@ def _by_id(results):
 
 def test_honest_run_passes_everything():
     results = judge_run(make_run(), REFERENCE, RULES)
-    assert {r.id for r in results} == {"integrity.protected", "integrity.framework", "integrity.containment",
-                                       "timing.window", "timing.clock", "numerics.loss", "numerics.grad_norm",
-                                       "numerics.precision"}
+    assert {r.id for r in results} == {
+        "integrity.protected",
+        "integrity.framework",
+        "integrity.containment",
+        "timing.window",
+        "timing.clock",
+        "numerics.loss",
+        "numerics.grad_norm",
+        "numerics.precision",
+    }
     assert all(r.status == "pass" for r in results), [r for r in results if not r.passed]
 
 
@@ -69,12 +95,15 @@ def test_no_baseline_trajectory_is_unchecked():
     assert check_trajectory("loss", make_run().steps, empty, 1e-3, TOTAL, True).status == "unchecked"
 
 
-@pytest.mark.parametrize("observed", [
-    {"param_dtypes": ["bfloat16"]},
-    {"param_dtypes": ["float32", "float16"]},
-    {"autocast": ["cpu:bfloat16"]},
-    {"fp32_matmul": "high"},
-])
+@pytest.mark.parametrize(
+    "observed",
+    [
+        {"param_dtypes": ["bfloat16"]},
+        {"param_dtypes": ["float32", "float16"]},
+        {"autocast": ["cpu:bfloat16"]},
+        {"fp32_matmul": "high"},
+    ],
+)
 def test_precision_observed_downgrade_fails(observed):
     run = make_run(mutate=lambda r: {**r, **observed} if r["step"] == TOTAL else r)
     result = check_precision(run.steps, ["fp32"], True)
@@ -91,12 +120,15 @@ def test_precision_without_observation_is_unchecked_even_if_declared():
     assert check_precision(run.steps, ["fp32"], True).status == "unchecked"
 
 
-@pytest.mark.parametrize("steps, expect", [
-    (list(range(1, TOTAL)), "missing"),
-    (list(range(1, TOTAL + 2)), "outside"),
-    ([1, 2, 3, 3, 4, 5, 6, 7, 8], "repeated"),
-    ([2, 1, 3, 4, 5, 6, 7, 8], "out of order"),
-])
+@pytest.mark.parametrize(
+    "steps, expect",
+    [
+        (list(range(1, TOTAL)), "missing"),
+        (list(range(1, TOTAL + 2)), "outside"),
+        ([1, 2, 3, 3, 4, 5, 6, 7, 8], "repeated"),
+        ([2, 1, 3, 4, 5, 6, 7, 8], "out of order"),
+    ],
+)
 def test_window_step_numbers(steps, expect):
     result = check_window(make_run(steps=steps), WARMUP, MEASURE, REFERENCE.tokens_per_step)
     assert result.status == "fail" and expect in result.detail
@@ -120,8 +152,14 @@ def test_window_no_receipts_is_unchecked():
 def test_clock_slowed_by_the_job_fails():
     # The job's clock runs at half speed: every interval it reports is halved.
     origin = 1_000_000_000
-    run = make_run(step_ms=80, mutate=lambda r: {**r, "t0_ns": origin + (r["t0_ns"] - origin) // 2,
-                                                    "t1_ns": origin + (r["t1_ns"] - origin) // 2})
+    run = make_run(
+        step_ms=80,
+        mutate=lambda r: {
+            **r,
+            "t0_ns": origin + (r["t0_ns"] - origin) // 2,
+            "t1_ns": origin + (r["t1_ns"] - origin) // 2,
+        },
+    )
     result = check_clock(run, WARMUP, MEASURE)
     assert result.status == "fail", result
 
@@ -151,14 +189,23 @@ def test_clock_honest_runs_pass_at_any_speed_and_latency(step_ms, latency_ms):
     assert check_clock(make_run(step_ms=step_ms, latency_ms=latency_ms), WARMUP, MEASURE).status == "pass"
 
 
-@pytest.mark.parametrize("integrity, failing", [
-    ({"protected_changed_before_run": ["data/x"], "protected_changed_by_run": [], "framework_changed": []},
-     "integrity.protected"),
-    ({"protected_changed_before_run": [], "protected_changed_by_run": ["data/x"], "framework_changed": []},
-     "integrity.protected"),
-    ({"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": ["probe.py"]},
-     "integrity.framework"),
-])
+@pytest.mark.parametrize(
+    "integrity, failing",
+    [
+        (
+            {"protected_changed_before_run": ["data/x"], "protected_changed_by_run": [], "framework_changed": []},
+            "integrity.protected",
+        ),
+        (
+            {"protected_changed_before_run": [], "protected_changed_by_run": ["data/x"], "framework_changed": []},
+            "integrity.protected",
+        ),
+        (
+            {"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": ["probe.py"]},
+            "integrity.framework",
+        ),
+    ],
+)
 def test_run_integrity_failures(integrity, failing):
     results = _by_id(judge_run(make_run(integrity=integrity), REFERENCE, RULES))
     assert results[failing].status == "fail"
@@ -187,6 +234,7 @@ def test_precision_default_matmul_mode_is_not_charged_to_a_bf16_job():
 
 def _at(step, **fields):
     """A mutation of one sampled step's record."""
+
     def mutate(rec):
         if rec["step"] != step:
             return rec
@@ -197,6 +245,7 @@ def _at(step, **fields):
             else:
                 out[key] = value(rec[key]) if callable(value) else value
         return out
+
     return mutate
 
 
@@ -210,13 +259,16 @@ def test_honest_sampled_run_passes_everything():
     assert "operators at sampled steps 3, 6" in results["numerics.precision"].detail
 
 
-@pytest.mark.parametrize("ops, named", [
-    (["mm:float32", "addmm:bfloat16"], "addmm in bfloat16"),
-    (["mm:float32", "_to_copy:bfloat16"], "_to_copy in bfloat16"),
-    (["bmm:float16"], "bmm in float16"),
-    (["_scaled_mm:float8_e4m3fn"], "_scaled_mm in float8_e4m3fn"),
-    (["mm:float64"], "mm in float64"),   # fp32 allows float32 only
-])
+@pytest.mark.parametrize(
+    "ops, named",
+    [
+        (["mm:float32", "addmm:bfloat16"], "addmm in bfloat16"),
+        (["mm:float32", "_to_copy:bfloat16"], "_to_copy in bfloat16"),
+        (["bmm:float16"], "bmm in float16"),
+        (["_scaled_mm:float8_e4m3fn"], "_scaled_mm in float8_e4m3fn"),
+        (["mm:float64"], "mm in float64"),  # fp32 allows float32 only
+    ],
+)
 def test_an_operator_outside_the_contracts_precision_fails(ops, named):
     run = make_sampled_run(mutate=_at(6, ops=ops))
     result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
@@ -249,14 +301,17 @@ def test_old_evidence_without_sampled_steps_is_judged_as_before():
     assert check_grad_norm(run.steps, SAMPLED_REFERENCE, 1e-2, TOTAL, True, None).passed
 
 
-@pytest.mark.parametrize("settings, fails", [
-    ({"backends": "tf32"}, "fp32_precision backends = 'tf32'"),
-    ({"mkldnn.matmul": "bf16"}, "fp32_precision mkldnn.matmul = 'bf16'"),
-    ({"cuda.matmul": "tf32"}, "fp32_precision cuda.matmul = 'tf32'"),
-    ({"legacy_matmul": "medium"}, "fp32_precision legacy_matmul = 'medium'"),
-    ({"backends": "ieee", "cuda.matmul": "ieee", "mkldnn.matmul": "none", "legacy_matmul": "highest"}, None),
-    ({"cudnn.conv": "tf32", "cudnn.rnn": "tf32"}, None),   # CUDA's defaults, but no convolution or RNN ran
-])
+@pytest.mark.parametrize(
+    "settings, fails",
+    [
+        ({"backends": "tf32"}, "fp32_precision backends = 'tf32'"),
+        ({"mkldnn.matmul": "bf16"}, "fp32_precision mkldnn.matmul = 'bf16'"),
+        ({"cuda.matmul": "tf32"}, "fp32_precision cuda.matmul = 'tf32'"),
+        ({"legacy_matmul": "medium"}, "fp32_precision legacy_matmul = 'medium'"),
+        ({"backends": "ieee", "cuda.matmul": "ieee", "mkldnn.matmul": "none", "legacy_matmul": "highest"}, None),
+        ({"cudnn.conv": "tf32", "cudnn.rnn": "tf32"}, None),  # CUDA's defaults, but no convolution or RNN ran
+    ],
+)
 def test_fp32_precision_settings(settings, fails):
     run = make_sampled_run(mutate=_at(3, fp32_precision=settings))
     result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
@@ -267,8 +322,11 @@ def test_fp32_precision_settings(settings, fails):
 
 
 def test_a_convolution_setting_counts_where_a_convolution_ran():
-    run = make_sampled_run(mutate=_at(3, fp32_precision={"cudnn.conv": "tf32"},
-                                      ops=["convolution:float32", "convolution_backward:float32"]))
+    run = make_sampled_run(
+        mutate=_at(
+            3, fp32_precision={"cudnn.conv": "tf32"}, ops=["convolution:float32", "convolution_backward:float32"]
+        )
+    )
     result = check_precision(run.steps, ["fp32"], True, run.sampled_steps, SAMPLED_REFERENCE)
     assert result.status == "fail" and "cudnn.conv" in result.detail
     assert check_precision(run.steps, ["fp32", "tf32"], True, run.sampled_steps, SAMPLED_REFERENCE).passed
@@ -305,8 +363,11 @@ def test_a_parameters_norm_beyond_the_tolerance_fails_with_its_name(factor, stat
 def test_a_mathematically_zero_gradient_is_free_to_be_rounding_noise():
     total = math.sqrt(sum(v * v for v in param_grads(3).values() if v))
     reference = BaselineReference(
-        loss=REFERENCE.loss, grad_norm=REFERENCE.grad_norm, tokens_per_step=TOKENS,
-        param_grad_norms={3: {**param_grads(3), "frozen.weight": 1e-12}, 6: param_grads(6)})
+        loss=REFERENCE.loss,
+        grad_norm=REFERENCE.grad_norm,
+        tokens_per_step=TOKENS,
+        param_grad_norms={3: {**param_grads(3), "frozen.weight": 1e-12}, 6: param_grads(6)},
+    )
     noisy = {**param_grads(3), "frozen.weight": 0.5 * GRAD_FLOOR * 1e-2 * total}
     run = make_sampled_run(mutate=_at(3, grads=noisy, grad_min_rows=_DROP))
     assert check_grad_norm(run.steps, reference, 1e-2, TOTAL, True, run.sampled_steps).passed
@@ -354,8 +415,9 @@ def test_missing_per_parameter_evidence_is_unchecked():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(sorted(n for n, v in param_grads(3).items() if v)), unique=True),
-       st.floats(-3e-6, 3e-6))
+@given(
+    st.lists(st.sampled_from(sorted(n for n, v in param_grads(3).items() if v)), unique=True), st.floats(-3e-6, 3e-6)
+)
 def test_honest_noise_and_any_fusion_of_parameters_pass(fused_names, noise):
     """Norms moved by honest rounding, and any parameters merged into one (their norms by
     root-sum-square, their rows kept), pass."""
@@ -374,9 +436,17 @@ def test_honest_noise_and_any_fusion_of_parameters_pass(fused_names, noise):
 def test_baseline_reference_from_old_and_new_summaries():
     old = BaselineReference.from_summary({"reference": {"loss": [1.0], "grad_norm": [2.0]}, "tokens_per_step": 8})
     assert old.param_grad_norms == {} and old.ops == {} and old.param_grad_min_rows == {}
-    new = BaselineReference.from_summary({"reference": {
-        "loss": [1.0], "grad_norm": [2.0], "param_grad_norms": {"1": {"w": 0.5, "b": None}, "x": {}},
-        "param_grad_min_rows": {"1": {"w": 0.1}}, "ops": {"1": ["mm:float32"], "2": "junk"}}})
+    new = BaselineReference.from_summary(
+        {
+            "reference": {
+                "loss": [1.0],
+                "grad_norm": [2.0],
+                "param_grad_norms": {"1": {"w": 0.5, "b": None}, "x": {}},
+                "param_grad_min_rows": {"1": {"w": 0.1}},
+                "ops": {"1": ["mm:float32"], "2": "junk"},
+            }
+        }
+    )
     assert new.param_grad_norms == {1: {"w": 0.5, "b": None}}
     assert new.param_grad_min_rows == {1: {"w": 0.1}} and new.ops == {1: ["mm:float32"]}
 

@@ -6,12 +6,18 @@ import dataclasses
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from verifier_testing import MEASURE, TOTAL, WARMUP, make_run
 
-from infrarsi.verifiers import (RunEvidence, baseline_drift, check_clock, check_speedup, region_share,
-                                runner_step_time, window_periods)
+from infrarsi.verifiers import (
+    RunEvidence,
+    baseline_drift,
+    check_clock,
+    check_speedup,
+    region_share,
+    runner_step_time,
+    window_periods,
+)
 
 
 def _with_arrivals(run: RunEvidence, arrivals: list[int]) -> RunEvidence:
@@ -50,7 +56,7 @@ def test_sampled_steps_are_left_out_of_the_step_time():
 
 def test_a_missing_arrival_means_no_step_time_and_says_which():
     run = make_run()
-    cut = dataclasses.replace(run, arrivals_ns=run.arrivals_ns[:TOTAL - 1])
+    cut = dataclasses.replace(run, arrivals_ns=run.arrivals_ns[: TOTAL - 1])
     assert runner_step_time(cut, WARMUP, MEASURE) is None
     assert "step" in window_periods(cut, WARMUP, MEASURE)
 
@@ -99,14 +105,19 @@ def test_stored_baseline_drift_makes_the_speedup_unchecked():
     assert result.status == "unchecked" and "drift" in result.detail and estimate.median > 1.9
     ok, _ = check_speedup(base, cand, 1.02, 5, stored=(0.19, 0.02))
     assert ok.status == "pass"
-    assert baseline_drift([0.105] * 5, 0.10, 0.01) is None   # 5%: inside the floor
-    assert baseline_drift([0.14] * 5, 0.10, 0.10) is None    # noisy baseline: 5 x CV allows it
+    assert baseline_drift([0.105] * 5, 0.10, 0.01) is None  # 5%: inside the floor
+    assert baseline_drift([0.14] * 5, 0.10, 0.10) is None  # noisy baseline: 5 x CV allows it
 
 
 def test_timing_evidence_round_trips_through_stored_json():
     run = make_run()
-    stored = {"arrivals_ns": run.arrivals_ns, "started_ns": run.started_ns, "ended_ns": run.ended_ns,
-              "sampled_steps": [WARMUP + 1], "evidence_kind": "probe"}
+    stored = {
+        "arrivals_ns": run.arrivals_ns,
+        "started_ns": run.started_ns,
+        "ended_ns": run.ended_ns,
+        "sampled_steps": [WARMUP + 1],
+        "evidence_kind": "probe",
+    }
     again = RunEvidence.from_stored(run.receipt_lines, json.loads(json.dumps(stored)))
     assert again.sampled_steps == (WARMUP + 1,)
     assert len(window_periods(again, WARMUP, MEASURE)[0]) == MEASURE - 1

@@ -9,8 +9,7 @@ EDITABLE, PROTECTED = ["model.py", "train.py"], ["data/**", "infrarsi.toml"]
 
 
 def _diff(path, old="a\n", new="b\n", header=""):
-    return (f"diff --git a/{path} b/{path}\n{header}--- a/{path}\n+++ b/{path}\n"
-            f"@@ -1 +1 @@\n-{old}+{new}")
+    return f"diff --git a/{path} b/{path}\n{header}--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-{old}+{new}"
 
 
 def _status(patches):
@@ -35,12 +34,17 @@ def test_protected_change_fails():
 
 
 def test_new_file_outside_editable_fails():
-    new = "diff --git a/helper.py b/helper.py\nnew file mode 100644\n--- /dev/null\n+++ b/helper.py\n@@ -0,0 +1 @@\n+x\n"
+    new = (
+        "diff --git a/helper.py b/helper.py\nnew file mode 100644\n--- /dev/null\n+++ b/helper.py\n@@ -0,0 +1 @@\n+x\n"
+    )
     assert _status({"p": new})["scope.created"] == "fail"
 
 
 def test_delete_and_rename_of_protected_fail():
-    gone = "diff --git a/data/c.txt b/data/c.txt\ndeleted file mode 100644\n--- a/data/c.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+    gone = (
+        "diff --git a/data/c.txt b/data/c.txt\ndeleted file mode 100644\n"
+        "--- a/data/c.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+    )
     moved = "diff --git a/data/c.txt b/model2.py\nsimilarity index 100%\nrename from data/c.txt\nrename to model2.py\n"
     assert _status({"p": gone})["scope.protected"] == "fail"
     assert _status({"p": moved})["scope.protected"] == "fail"

@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from infrarsi.verifiers._stats import (
     SpeedupEstimate,
@@ -23,8 +22,9 @@ PAIRS = 5
 TRIALS = 200
 
 
-def _runs(rng: np.random.Generator, speedup: float, cv: float, pairs: int = PAIRS,
-          drift_per_run: float = 0.0) -> tuple[list[float], list[float]]:
+def _runs(
+    rng: np.random.Generator, speedup: float, cv: float, pairs: int = PAIRS, drift_per_run: float = 0.0
+) -> tuple[list[float], list[float]]:
     """Times in ab_order with lognormal noise (CV ``cv``) per run and an optional multiplicative drift per run."""
     sigma = math.sqrt(math.log1p(cv * cv))
     base, cand = [], []
@@ -48,13 +48,14 @@ def _pass_rate(seed: int, speedup: float, cv: float, drift_per_run: float = 0.0)
 
 # ---- ab_order ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("pairs", [0, 1, 2, 5, 8])
 def test_ab_order_shape_and_balance(pairs):
     order = ab_order(pairs)
     assert len(order) == 2 * pairs
     assert order.count("A") == order.count("B") == pairs
     for i in range(pairs):
-        assert tuple(order[2 * i:2 * i + 2]) == (("B", "A") if i % 2 == 0 else ("A", "B"))
+        assert tuple(order[2 * i : 2 * i + 2]) == (("B", "A") if i % 2 == 0 else ("A", "B"))
 
 
 def test_ab_order_prefix():
@@ -62,6 +63,7 @@ def test_ab_order_prefix():
 
 
 # ---- estimate ---------------------------------------------------------------
+
 
 def test_t_quantile_matches_tables():
     assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
@@ -88,8 +90,11 @@ _pos = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(min_value=2, max_value=20).flatmap(
-    lambda n: st.tuples(st.lists(_pos, min_size=n, max_size=n), st.lists(_pos, min_size=n, max_size=n))))
+@given(
+    st.integers(min_value=2, max_value=20).flatmap(
+        lambda n: st.tuples(st.lists(_pos, min_size=n, max_size=n), st.lists(_pos, min_size=n, max_size=n))
+    )
+)
 def test_interval_contains_median(lists):
     b, a = lists
     e = estimate_speedup(b, a)
@@ -127,15 +132,18 @@ def test_no_speedup_fails_with_readable_detail():
     assert "over 5 pairs" in res.detail and "must clear 1.02" in res.detail
 
 
-@pytest.mark.parametrize("b,a,why", [
-    (GOOD_B[:4], GOOD_A[:4], "4 complete A/B pairs, 5 required"),
-    (GOOD_B, GOOD_A[:4], "candidate times"),
-    (GOOD_B[:-1] + [float("nan")], GOOD_A, "baseline_s[4]"),
-    (GOOD_B, [0.0] + GOOD_A[1:], "candidate_s[0]"),
-    (GOOD_B, [-1.0] + GOOD_A[1:], "candidate_s[0]"),
-    (GOOD_B, GOOD_A[:-1] + [float("inf")], "candidate_s[4]"),
-    ([], [], "0 complete A/B pairs"),
-])
+@pytest.mark.parametrize(
+    "b,a,why",
+    [
+        (GOOD_B[:4], GOOD_A[:4], "4 complete A/B pairs, 5 required"),
+        (GOOD_B, GOOD_A[:4], "candidate times"),
+        (GOOD_B[:-1] + [float("nan")], GOOD_A, "baseline_s[4]"),
+        (GOOD_B, [0.0] + GOOD_A[1:], "candidate_s[0]"),
+        (GOOD_B, [-1.0] + GOOD_A[1:], "candidate_s[0]"),
+        (GOOD_B, GOOD_A[:-1] + [float("inf")], "candidate_s[4]"),
+        ([], [], "0 complete A/B pairs"),
+    ],
+)
 def test_unchecked_on_missing_or_bad_times(b, a, why):
     res, est = check_speedup(b, a, MIN_SPEEDUP, PAIRS)
     assert res.status == "unchecked" and est is None
@@ -149,6 +157,7 @@ def test_one_pair_is_never_enough():
 
 
 # ---- seeded synthetic error rates -------------------------------------------
+
 
 # Bound on the count out of 200, per noise level. At 3% the true false-pass rate is about
 # 0.35%. At 5% it is about 1.0-1.06% (measured over 20,000 and 200,000 trials), right on
@@ -190,6 +199,7 @@ def test_min_detectable_speedup_passes_about_half_the_time():
 
 # ---- min_detectable_speedup -------------------------------------------------
 
+
 def test_min_detectable_speedup_monotone():
     cvs = [0.0, 0.01, 0.03, 0.05, 0.135, 0.3]
     vals = [min_detectable_speedup(cv, PAIRS, MIN_SPEEDUP) for cv in cvs]
@@ -203,7 +213,7 @@ def test_min_detectable_speedup_monotone():
 
 # ---- the runner's clock ------------------------------------------------------
 
-STEP_JITTER = 0.02   # per-step noise inside a run (lognormal sigma of one period)
+STEP_JITTER = 0.02  # per-step noise inside a run (lognormal sigma of one period)
 
 
 def _timed_run(rng: np.random.Generator, step_s: float, cv: float, warmup: int = 2, measure: int = 8) -> float:
@@ -216,7 +226,7 @@ def _timed_run(rng: np.random.Generator, step_s: float, cv: float, warmup: int =
     from infrarsi.verifiers import RunEvidence, runner_step_time
 
     kept = measure - 2
-    run_sigma = math.sqrt(math.log1p(cv * cv) - STEP_JITTER ** 2 / kept)
+    run_sigma = math.sqrt(math.log1p(cv * cv) - STEP_JITTER**2 / kept)
     run_factor = math.exp(rng.normal(0.0, run_sigma))
     t, lines, arrivals = 10**9, ['{"type":"meta"}'], [10**9]
     for step in range(1, warmup + measure + 1):

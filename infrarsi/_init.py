@@ -1,0 +1,70 @@
+"""`infrarsi init` (define): validate the contract, pin the protected files in a signed manifest,
+create the signing key and the ledger. A second init archives the old state whole."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from infrarsi._manifest import MANIFEST_NAME, build_manifest
+from infrarsi._workspace import KEYS_DIR, LEDGER_NAME, STATE_ENTRIES
+from infrarsi.contract import load_contract
+from infrarsi.errors import UsageError
+from infrarsi.ledger import KeyPair, Ledger
+
+__all__ = ["InitResult", "init"]
+
+
+@dataclass(frozen=True)
+class InitResult:
+    state_dir: Path
+    ledger: Path
+    manifest: Path
+    manifest_sha256: str
+    pinned: dict[str, str]
+    archived: Path | None
+
+    def to_json(self) -> dict:
+        return {
+            "state_dir": str(self.state_dir),
+            "ledger": str(self.ledger),
+            "manifest": str(self.manifest),
+            "manifest_sha256": self.manifest_sha256,
+            "pinned": self.pinned,
+            "archived": str(self.archived) if self.archived else None,
+        }
+
+
+def init(contract_path: str | Path = "infrarsi.toml", force: bool = False) -> InitResult:
+    """Validate the contract, pin protected files in a signed manifest, create key and ledger."""
+    contract = load_contract(contract_path)
+    state = contract.state_dir
+    ledger_path = state / LEDGER_NAME
+    archived = None
+    if ledger_path.exists():
+        if not force:
+            raise UsageError(
+                f"{ledger_path} already exists: this workspace is initialised "
+                f"(use --force to start a new ledger; the old one is kept in an archive)"
+            )
+        # Nothing recorded is lost: the old state moves aside, whole.
+        archived = state / "archive" / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        archived.mkdir(parents=True)
+        for name in STATE_ENTRIES:
+            if (state / name).exists():
+                shutil.move(str(state / name), str(archived / name))
+    state.mkdir(parents=True, exist_ok=True)
+    key = KeyPair.generate()
+    key.save(state / KEYS_DIR)
+    manifest = build_manifest(contract, key)
+    manifest_path = state / MANIFEST_NAME
+    manifest_path.write_text(manifest.to_json())
+    with Ledger.open(ledger_path, key=key, create=True) as ledger:
+        ledger.put_blob(manifest.to_json().encode(), "manifest")
+        ledger.put_blob(contract.text.encode(), "contract")
+        ledger.set_meta("manifest_sha256", manifest.sha256)
+        ledger.set_meta("contract_sha256", contract.sha256)
+    return InitResult(state, ledger_path, manifest_path, manifest.sha256, manifest.files, archived)

@@ -1,0 +1,153 @@
+"""The report's plots, drawn with matplotlib (imported here only) as standalone SVG text.
+
+SVG with its text drawn as paths: it needs no font, no file and no network, so the
+same string goes inline into the HTML page and into a file beside the Markdown.
+"""
+
+from __future__ import annotations
+
+import io
+
+__all__ = ["best_so_far_svg", "memory_speed_svg"]
+
+_STATUS_STYLE = {  # colour, marker: chosen to read in greyscale too
+    "ok": ("#1b7837", "o"),
+    "rejected": ("#e08214", "s"),
+    "crash": ("#762a83", "X"),
+    "timeout": ("#542788", "D"),
+}
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "path", "svg.hashsalt": "infrarsi", "font.size": 9})
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    return plt, fig, ax
+
+
+def _svg(plt, fig) -> str:
+    buf = io.StringIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # the XML prolog and doctype are not allowed inline in HTML
+
+
+def _legend(ax) -> None:
+    """Below the axes, so it never hides a point."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False)
+
+
+def best_so_far_svg(data) -> str:
+    """Best verified speedup against executions, with each exploration run's single-run estimate."""
+    plt, fig, ax = _figure()
+    steps = data.best_so_far()
+    base = (data.baseline or {}).get("step_time_s", {}).get("median")
+    attempts = data.attempts()
+    if base:
+        # Candidate runs only: the A/B baseline runs are the baseline measured again.
+        xs = [
+            n
+            for n, r in enumerate(attempts, start=1)
+            if r["status"] == "ok" and r.get("step_time_s") and r.get("kind") != "ab-baseline"
+        ]
+        ys = [base / attempts[n - 1]["step_time_s"] for n in xs]
+        ax.scatter(xs, ys, s=14, color="#999999", label="one run vs the baseline median (not verified)", zorder=2)
+    if steps:
+        ax.step(
+            [n for n, _ in steps],
+            [b for _, b in steps],
+            where="post",
+            color="#2166ac",
+            linewidth=2,
+            label="best verified speedup (receipt)",
+            zorder=3,
+        )
+    ax.axhline(1.0, color="#444444", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("executions launched (search, verify and A/B runs)")
+    ax.set_ylabel("speedup over the baseline (x)")
+    ax.set_title("Best verified speedup so far")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _legend(ax)
+    ax.grid(alpha=0.3)
+    return _svg(plt, fig)
+
+
+def memory_speed_svg(data) -> str:
+    """Peak memory against step time; out-of-memory runs are lower bounds drawn at the limit."""
+    plt, fig, ax = _figure()
+    limit = data.memory_limit_mb
+    runs = [r for r in data.attempts() if r.get("kind") in ("search", "run", "verify")]
+    timed = [r["step_time_s"] * 1e3 for r in runs if r.get("step_time_s")]
+    base = data.baseline or {}
+    if base.get("step_time_s"):
+        timed.append(base["step_time_s"]["median"] * 1e3)
+    for status, (colour, marker) in _STATUS_STYLE.items():
+        pts = [
+            (r["step_time_s"] * 1e3, r["peak_mem_mb"])
+            for r in runs
+            if r["status"] == status and r.get("step_time_s") and r.get("peak_mem_mb")
+        ]
+        if pts:
+            ax.scatter(*zip(*pts), s=22, color=colour, marker=marker, label=status, zorder=3)
+    ooms = [r for r in runs if r["status"] == "oom"]
+    if ooms and limit:
+        # An OOM was stopped at the limit: its real peak is at least that. With no step
+        # time of its own it sits at the right edge, in the "no time" band.
+        right = max(timed) * 1.08 if timed else 1.0
+        xs = [r["step_time_s"] * 1e3 if r.get("step_time_s") else right for r in ooms]
+        ax.scatter(
+            xs,
+            [limit] * len(xs),
+            marker="^",
+            s=40,
+            color="#b2182b",
+            zorder=4,
+            label=f"out of memory (peak ≥ {limit:.0f} MB)",
+        )
+        for x in sorted(set(xs)):
+            ax.annotate(
+                "",
+                xy=(x, limit * 1.07),
+                xytext=(x, limit),
+                zorder=4,
+                arrowprops={"arrowstyle": "->", "color": "#b2182b", "linewidth": 1},
+            )
+            stacked = xs.count(x)
+            ax.annotate(
+                f"{stacked} OOM" if stacked > 1 else "OOM",
+                xy=(x, limit * 1.07),
+                xytext=(-6, 2),
+                textcoords="offset points",
+                ha="right",
+                color="#b2182b",
+                fontsize=8,
+            )
+    if limit:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, max(high, limit * 1.12))  # room for the lower-bound arrows above the limit
+        ax.axhline(limit, color="#b2182b", linewidth=1, linestyle="--")
+        ax.text(
+            0.01, limit, " memory limit", transform=ax.get_yaxis_transform(), va="bottom", color="#b2182b", fontsize=8
+        )
+    if base.get("step_time_s") and base.get("peak_mem_mb"):
+        ax.scatter(
+            [base["step_time_s"]["median"] * 1e3],
+            [base["peak_mem_mb"]],
+            marker="*",
+            s=140,
+            color="#000000",
+            label="baseline",
+            zorder=5,
+        )
+    ax.set_xlabel("step time (ms, one run)")
+    ax.set_ylabel("peak memory (MB)")
+    ax.set_title("Memory against speed")
+    _legend(ax)
+    ax.grid(alpha=0.3)
+    return _svg(plt, fig)

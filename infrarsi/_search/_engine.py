@@ -1,0 +1,182 @@
+"""`infrarsi search`: multi-start, model-guided exploration, then promotion through `verify`.
+
+Exploration runs each candidate once, through the same cheap checks and run
+judgement as `verify` (``--pairs 0``), so a cheating or numerics-changing candidate
+is rejected before it can look fast. The models are refit after every execution.
+Promotion sends the best candidates by posterior through the full `verify`
+pipeline; only a candidate with a receipt is promoted, and the best promoted one
+is the result.
+
+The ledger is the search's memory: every execution is committed the moment it
+ends, under the search's batch names, so ``--resume`` rebuilds the state from it.
+
+This module only orchestrates: a `SearchSession` (`_session`) holds what the parts
+share; `Proposals`, `Resumption`, `Exploration` and `Promotion` each take it and do
+one phase, in that order.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from infrarsi._search._exploring import Exploration
+from infrarsi._search._promoting import Promotion
+from infrarsi._search._proposing import Proposals
+from infrarsi._search._resuming import Resumption
+from infrarsi._search._session import META_KEY, SearchSession
+from infrarsi._search.strategy._proposers import Proposer
+from infrarsi._search.strategy._state import Observation, SearchOutcome, SearchState, exploration_budget, promotion_cost
+from infrarsi._workspace import Workspace, open_workspace
+from infrarsi.errors import UsageError
+
+__all__ = ["search", "SearchOutcome", "Observation", "SearchState", "promotion_cost", "exploration_budget"]
+
+
+def _run(
+    session: SearchSession, resumed: bool, proposers: list[Proposer] | None, pack: dict | None, promote: bool
+) -> SearchOutcome:
+    """The whole search: gather proposals, replay a resumed ledger, explore, then promote."""
+    meta, contract = session.meta, session.ws.contract
+    budget = meta["budget"]
+    exploration = budget
+    if promote:
+        exploration, _ = exploration_budget(budget, contract.search.promote_top, contract.search.ab_pairs)
+    Proposals(session, proposers, pack).gather()
+    Resumption(session).replay()
+    session.tick("explore")
+    if meta.get("phase") != "promote":  # a resume after promotion began does not explore again
+        Exploration(session, pack).explore(exploration)
+    if promote:
+        meta["phase"] = "promote"
+        session.save()
+        Promotion(session).promote(budget)
+    meta["finished"] = True
+    result = _outcome(session, resumed)
+    meta["incompatibilities"] = result.incompatibilities  # for `infrarsi report`
+    session.save()
+    return result
+
+
+def _outcome(session: SearchSession, resumed: bool) -> SearchOutcome:
+    """What this search found and what it cost, from its ledger rows."""
+    rows = session.rows()
+    by_status: dict[str, int] = {}
+    for r in rows:
+        by_status[f"{r.get('kind')}:{r['status']}"] = by_status.get(f"{r.get('kind')}:{r['status']}", 0) + 1
+    cost = {
+        "device_s": round(sum(r.get("device_s") or 0.0 for r in rows), 3),
+        "llm_tokens": int(sum(r.get("llm_tokens") or 0 for r in rows)),
+        "llm_cost": round(sum(r.get("llm_cost") or 0.0 for r in rows), 6),
+        "executions": sum(1 for r in rows if r.get("kind") != "proposal"),
+        "by_status": dict(sorted(by_status.items())),
+    }
+    promoted = [
+        {"knobs": a["knobs"], "patches": a["patches"], "speedup": a["speedup"], "receipt": a["receipt"]}
+        for a in session.attempts
+        if a.get("accepted") and a.get("receipt")
+    ]
+    best = max(promoted, key=lambda a: a["speedup"]["median"]) if promoted else None
+    proposals = {name: session.origins[name] for name in session.patches}
+    state = session.state
+    return SearchOutcome(
+        session.id,
+        best,
+        promoted,
+        session.attempts,
+        cost["executions"],
+        sum(1 for r in rows if r.get("kind") == "search"),
+        session.meta["budget"],
+        cost,
+        state.failures.incompatibilities()
+        + [
+            {"atoms": [f"+{p}" for p in sorted(c)], "learned": True, "why": "the patches do not apply together"}
+            for c in state.conflicts
+        ],
+        state.rescued,
+        proposals,
+        resumed,
+        session.messages,
+        session.history,
+    )
+
+
+def _check_workspace(ws: Workspace) -> None:
+    """The workspace must be the one `init` pinned: otherwise every candidate would fail the same way."""
+    from infrarsi._hashing import hash_protected
+    from infrarsi.verifiers import check_manifest
+
+    contract = ws.contract
+    check = check_manifest(
+        ws.manifest.body,
+        ws.manifest.signature,
+        contract.sha256,
+        ws.ledger.public_key,
+        hash_protected(contract.workspace, contract.protected_globs),
+    )
+    if not check.passed:
+        raise UsageError(
+            f"{contract.workspace}: {check.detail}; restore the protected files, or "
+            f"`infrarsi init --force` for a new ledger"
+        )
+
+
+def search(
+    contract_path: str | Path = "infrarsi.toml",
+    budget: int | None = None,
+    resume: bool = False,
+    pack: str | Path | None = None,
+    seed: int | None = None,
+    proposers: list[Proposer] | None = None,
+    progress: Callable[[str, int, int, str], None] | None = None,
+    promote: bool = True,
+) -> SearchOutcome:
+    """Search knobs x patches under the contract; only candidates with receipts are promoted.
+
+    ``promote=False`` spends the whole budget exploring and promotes nothing (so ``best``
+    is None): for benchmarks that score exploration alone, never for a result.
+    """
+    with open_workspace(contract_path) as ws:
+        stored = ws.ledger.latest_baseline()
+        if stored is None:
+            raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
+        pack_data = None
+        if pack is not None:
+            from infrarsi._search._pack import load_pack
+
+            pack_data = load_pack(pack)
+        _check_workspace(ws)
+        previous = ws.ledger.get_meta(META_KEY)
+        if resume:
+            if previous is None:
+                raise UsageError(f"{ws.contract.path}: --resume: no search has been started in this workspace")
+            meta = json.loads(previous)
+            if meta.get("finished"):
+                raise UsageError(
+                    f"--resume: the last search ({meta['id']}) finished; nothing to resume "
+                    f"(run `infrarsi search` for a new one)"
+                )
+            if budget is not None:
+                meta["budget"] = budget
+            stored = ws.ledger.baseline(meta["baseline_id"]) if "baseline_id" in meta else stored
+            if stored is None:
+                raise UsageError(f"--resume: the baseline the search started with ({meta['baseline_id']}) is missing")
+            if pack_data is None and meta.get("pack"):
+                from infrarsi._search._pack import load_pack
+
+                pack_data = load_pack(meta["pack"])
+        else:
+            meta = {
+                "id": uuid.uuid4().hex[:12],
+                "seed": ws.contract.search.seed if seed is None else seed,
+                "budget": ws.contract.search.budget_executions if budget is None else budget,
+                "pack": str(Path(pack).resolve()) if pack else None,
+                "finished": False,
+                "baseline_id": stored["id"],
+            }
+        if promote:
+            exploration_budget(meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs)
+        ws.ledger.set_meta(META_KEY, json.dumps(meta, sort_keys=True))
+        return _run(SearchSession(ws, stored, meta, progress), resume, proposers, pack_data, promote)

@@ -1,0 +1,78 @@
+"""Resume: rebuild a search's observations from its ledger rows, and record a cut execution.
+
+The ledger is the search's memory. An execution a SIGKILL cut off is known from the
+in-flight journal and recorded on resume as a `crash` with its device-seconds.
+"""
+
+from __future__ import annotations
+
+from infrarsi._search._screening import failing_checks
+from infrarsi._search._session import SearchSession
+from infrarsi._search.strategy._state import INTERRUPTED, Observation
+from infrarsi.contract import Candidate
+from infrarsi.runner import ExecutionResult, pre_images
+
+__all__ = ["Resumption"]
+
+
+class Resumption:
+    """Rebuilds a session's observations from the ledger (a no-op for a new search)."""
+
+    def __init__(self, session: SearchSession) -> None:
+        self.session = session
+
+    def replay(self) -> None:
+        """Rebuild observations from this search's rows; record an execution a SIGKILL cut off."""
+        session = self.session
+        entry = session.journal.read()
+        if entry is not None:
+            recorded = any(r["id"] > entry["rows_before"] and r.get("batch") == entry["batch"] for r in session.rows())
+            if not recorded:
+                device_s = max(0.0, entry["alive"] - entry["started"])
+                patches = tuple(session.patches[p] for p in entry["patches"] if p in session.patches)
+                cut = ExecutionResult(
+                    Candidate(knobs=entry["knobs"], patches=patches),
+                    "crash",
+                    detail=f"{INTERRUPTED}: the search was killed while this execution ran "
+                    f"(at least {device_s:.1f} s); recorded on resume",
+                    device_s=device_s,
+                    wall_s=device_s,
+                    sources=pre_images(session.ws.contract.workspace, patches),
+                )
+                session.ws.record(
+                    cut, kind=self._cut_kind(entry), batch=entry["batch"], seq=0, baseline_id=session.baseline_id
+                )
+                session.messages.append(f"recorded the execution the kill cut off ({device_s:.1f} s) as crash")
+            session.journal.path.unlink(missing_ok=True)
+        for row in session.rows():
+            if row.get("batch") != session.batch:
+                continue
+            point = session.space.point(row.get("knobs") or {}, [p["name"] for p in row.get("patches") or []])
+            status = row["status"]
+            if status == "crash" and str(row.get("detail", "")).startswith(INTERRUPTED):
+                status = INTERRUPTED
+            obs = Observation(
+                point,
+                status,
+                row.get("step_time_s"),
+                row.get("peak_mem_mb"),
+                row["id"],
+                "resumed",
+                row.get("detail") or "",
+                row.get("device_s") or 0.0,
+            )
+            session.state.add(obs, failing_checks(row))
+            if status != INTERRUPTED:
+                session.remember(obs, session.meta.get("origins", {}).get(str(row["id"]), "resumed"))
+        session.state.rescued = list(session.meta.get("rescued", []))
+
+    def _cut_kind(self, entry: dict) -> str:
+        """What the cut execution was: an exploration run, or which run of a promotion."""
+        session = self.session
+        if entry["batch"] == session.batch:
+            return "search"
+        earlier = sum(1 for r in session.rows() if r.get("batch") == entry["batch"] and r["id"] <= entry["rows_before"])
+        if earlier == 0:
+            return "verify"
+        baseline = entry["knobs"] == session.ws.contract.baseline_knobs() and not entry["patches"]
+        return "ab-baseline" if baseline else "ab-candidate"

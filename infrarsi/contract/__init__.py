@@ -1,0 +1,34 @@
+"""The task contract, ``infrarsi.toml``: its schema, its parsing into typed objects, the globs
+its scope uses, the reference generated from the schema, and candidates resolved against it
+(knob settings and patches, and the one place knobs become a command line and environment)."""
+
+from infrarsi.contract._candidate import (
+    Candidate,
+    PatchRef,
+    changes_from,
+    launch_settings,
+    parse_sets,
+    resolve_candidate,
+)
+from infrarsi.contract._contract import DEFAULT_CONTRACT, Contract, Knob, PatchSpec, load_contract, parse_contract
+from infrarsi.contract._globs import check_glob, matches, matches_any
+from infrarsi.errors import ContractError
+
+__all__ = [
+    "Contract",
+    "ContractError",
+    "Knob",
+    "PatchSpec",
+    "load_contract",
+    "parse_contract",
+    "DEFAULT_CONTRACT",
+    "Candidate",
+    "PatchRef",
+    "changes_from",
+    "launch_settings",
+    "parse_sets",
+    "resolve_candidate",
+    "check_glob",
+    "matches",
+    "matches_any",
+]

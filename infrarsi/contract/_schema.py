@@ -1,0 +1,166 @@
+"""The schema of ``infrarsi.toml``: every section and key, its type, default and meaning.
+
+The contract parser validates against this table, and the contract reference in
+the docs is generated from it, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Field",
+    "SECTIONS",
+    "KNOB_FIELDS",
+    "PATCH_FIELDS",
+    "LOG_FIELDS",
+    "REQUIRED",
+    "PRECISIONS",
+    "REQUIRABLE",
+    "EVIDENCE_KINDS",
+    "DEVICES",
+    "PROPOSERS",
+]
+
+REQUIRED = object()
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+REQUIRABLE = ("loss", "grad_norm", "precision")
+EVIDENCE_KINDS = ("probe", "auto", "log")
+DEVICES = ("cpu", "cuda")
+PROPOSERS = ("contract", "catalog", "llm")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One contract key. ``kind`` is one of str, int, float, str_list, choice_list."""
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    one_of: tuple[str, ...] | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+SECTIONS: dict[str, tuple[Field, ...]] = {
+    "task": (
+        Field("name", "str", REQUIRED, "a short name for the job"),
+        Field(
+            "command",
+            "str_list",
+            REQUIRED,
+            'argv run in the sandbox copy; a leading "python" is the interpreter infrarsi runs under',
+        ),
+        Field(
+            "timeout_s",
+            "float",
+            600.0,
+            "wall-clock limit of one execution; past it the process group is killed",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+        Field("evidence", "str", "probe", "where receipts come from", one_of=EVIDENCE_KINDS),
+    ),
+    "scope": (
+        Field("editable", "str_list", (), "globs a patch may touch"),
+        Field("protected", "str_list", (), "globs pinned by SHA-256 at init; the contract itself is always protected"),
+    ),
+    "timing": (
+        Field("warmup_steps", "int", 10, "steps run but not measured", minimum=0),
+        Field("measure_steps", "int", 20, "measured steps after the warmup", minimum=1),
+    ),
+    "numerics": (
+        Field(
+            "loss_rtol",
+            "float",
+            1e-3,
+            "per-step relative tolerance of the loss against the baseline",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+        Field(
+            "grad_norm_rtol",
+            "float",
+            1e-2,
+            "per-step relative tolerance of the grad norm",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+        Field("precision", "choice_list", ("fp32",), "training dtypes allowed", one_of=PRECISIONS),
+        Field("require", "choice_list", REQUIRABLE, "checks that must have evidence and pass", one_of=REQUIRABLE),
+    ),
+    "resources": (
+        Field("device", "str", "cpu", "where the job trains", one_of=DEVICES),
+        Field(
+            "memory_limit_mb",
+            "float",
+            REQUIRED,
+            "enforced limit on the RSS of the job's process tree; above it the execution is oom",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+        Field(
+            "peak_tflops",
+            "float",
+            REQUIRED,
+            "the device peak MFU is measured against",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    ),
+    "search": (
+        Field("budget_executions", "int", 40, "executions a search may launch, promotion reruns included", minimum=1),
+        Field("starts", "int", 4, "diverse starting points of the multi-start search", minimum=1),
+        Field("promote_top", "int", 3, "candidates re-run A/B before promotion", minimum=1),
+        Field("ab_pairs", "int", 5, "back-to-back baseline/candidate pairs before promotion", minimum=2),
+        Field("min_speedup", "float", 1.02, "the lower bound of the speedup CI must clear this", minimum=1.0),
+        Field(
+            "proposers",
+            "choice_list",
+            PROPOSERS,
+            "where patches come from: the contract's [[patches]], the built-in codemod catalog, an LLM",
+            one_of=PROPOSERS,
+        ),
+        Field("seed", "int", 0, "seed of the search's random starts (a resumed search keeps its own)", minimum=0),
+        Field(
+            "llm_base_url",
+            "str",
+            None,
+            "an OpenAI-compatible endpoint (else $INFRARSI_LLM_BASE_URL; the LLM proposer is off without one)",
+        ),
+        Field("llm_model", "str", None, "the model name sent to the endpoint (else $INFRARSI_LLM_MODEL)"),
+        Field(
+            "llm_api_key_env",
+            "str",
+            "INFRARSI_LLM_API_KEY",
+            "the environment variable holding the key (never the key itself: the contract is committed)",
+        ),
+        Field("llm_max_proposals", "int", 3, "patches asked of the LLM per search", minimum=0),
+        Field("llm_cost_per_1k_tokens", "float", 0.0, "price of 1,000 tokens, for the cost totals", minimum=0.0),
+    ),
+}
+
+KNOB_FIELDS: tuple[Field, ...] = (
+    Field("flag", "str", None, "a CLI flag, passed as `FLAG VALUE` (exactly one of flag / env)"),
+    Field("env", "str", None, "an environment variable set to the value (exactly one of flag / env)"),
+    Field("choices", "choice_values", REQUIRED, "the values this knob may take (strings or integers)"),
+    Field("baseline", "choice_value", REQUIRED, "the value of the original setup; one of choices"),
+)
+
+PATCH_FIELDS: tuple[Field, ...] = (
+    Field("name", "str", REQUIRED, "the name used by --patch and in outputs"),
+    Field("file", "str", REQUIRED, "a unified diff, relative to the workspace"),
+)
+
+LOG_FIELDS: tuple[Field, ...] = (
+    Field("step", "str", REQUIRED, "regex with one group: the step number"),
+    Field("loss", "str", None, "regex with one group: the loss"),
+    Field("grad_norm", "str", None, "regex with one group: the grad norm"),
+    Field("tokens", "str", None, "regex with one group: tokens in the step"),
+)

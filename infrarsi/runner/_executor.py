@@ -1,0 +1,287 @@
+"""One execution: sandbox copy, patches, launch, and the evidence it leaves.
+
+The runner never writes the ledger; it hands an :class:`ExecutionResult` to the
+driver, which records it. Executors sit behind :class:`Executor`, so a cluster
+executor can replace :class:`LocalExecutor` with one constructor call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from infrarsi._hashing import diff_hashes, hash_framework, hash_protected
+from infrarsi.contract import Candidate, Contract, launch_settings
+from infrarsi.errors import ExecutionInterrupted, PatchRejected
+from infrarsi.probe import RECEIPTS_ENV, SAMPLE_ENV, STEPS_ENV
+from infrarsi.runner._environment import workload_env
+from infrarsi.runner._fingerprint import environment_fingerprint
+from infrarsi.runner._interpreter import EnvironmentWatch
+from infrarsi.runner._launch import GUARD_INTERVAL_S, LaunchSpec, launch
+from infrarsi.runner._receipts import parse_receipts
+from infrarsi.runner._sandbox import make_sandbox
+from infrarsi.runner._sources import pre_images
+from infrarsi.verifiers import RunEvidence, region_share, window_periods
+
+__all__ = ["ExecutionResult", "Executor", "LocalExecutor", "build_argv", "SAMPLED_STEPS", "sampling_plan"]
+
+
+@dataclass
+class ExecutionResult:
+    candidate: Candidate
+    status: str
+    detail: str = ""
+    exit_code: int | None = None
+    step_time_s: float | None = None
+    peak_mem_mb: float | None = None
+    device_s: float = 0.0
+    wall_s: float = 0.0
+    stderr_tail: str = ""
+    receipts: bytes = b""
+    evidence: dict = field(default_factory=dict)
+    sources: dict[str, bytes] = field(default_factory=dict)
+
+
+# Python's options that take the next word as their value (`-c` and `-m` end the options).
+_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+
+# Steps of each run at which the job's probe records the dtypes operators ran in and the
+# per-parameter gradient norms. Drawn by the runner for every execution, so the job can't
+# count on a step going unobserved; their periods are left out of the step time (the
+# observation itself costs time).
+SAMPLED_STEPS = 2
+
+
+class Executor(Protocol):
+    def run(
+        self, contract: Contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool = False
+    ) -> ExecutionResult: ...
+
+
+def sampling_plan(total_steps: int, rng: random.Random | None = None) -> list[int]:
+    """The steps to observe closely: ``SAMPLED_STEPS`` of 2..total (step 1 has no period before it)."""
+    rng = rng or random.SystemRandom()
+    candidates = range(2, total_steps + 1)
+    return sorted(rng.sample(candidates, min(SAMPLED_STEPS, len(candidates))))
+
+
+def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dict[str, str]]:
+    """The command line and knob environment for ``candidate``."""
+    command, env = launch_settings(contract, candidate.knobs)
+    if command[0] == "python":
+        command[0] = sys.executable
+        if contract.task.evidence == "auto":
+            # The interpreter's own options (python -u -W ignore train.py) stay with the
+            # interpreter; the autoprobe goes right before the script.
+            # Only the contract's own command is scanned: the knob flags come after the script.
+            at, end = 1, len(contract.task.command)
+            while at < end and command[at].startswith("-") and command[at] != "-":
+                at += 2 if command[at] in _OPTIONS_WITH_VALUE else 1
+            command[at:at] = ["-m", "infrarsi.autoprobe"]
+    return command, env
+
+
+class LocalExecutor:
+    """Runs executions one at a time on this machine."""
+
+    def __init__(self, keep_sandbox: bool = False) -> None:
+        self.keep_sandbox = keep_sandbox
+        self._framework = hash_framework()
+        self._environment = EnvironmentWatch()
+
+    def run(
+        self, contract: Contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool = False
+    ) -> ExecutionResult:
+        """Execute ``candidate``; ``pinned`` is the manifest's {path: sha256}.
+
+        ``sample_all`` observes every step closely (the baseline's reference run), not a few.
+        """
+        sources = pre_images(contract.workspace, candidate.patches)
+        box = make_sandbox(contract.workspace)
+        try:
+            before = hash_protected(box.workspace, contract.protected_globs)
+            try:
+                for patch in candidate.patches:
+                    box.apply(patch.name, patch.text)
+            except PatchRejected as exc:
+                return ExecutionResult(
+                    candidate,
+                    "rejected",
+                    detail=str(exc),
+                    sources=sources,
+                    evidence={"version": 1, "rejected": exc.message, "fingerprint": environment_fingerprint()},
+                )
+            started = time.monotonic()
+            try:
+                return self._launch(contract, pinned, candidate, box, before, sources, sample_all)
+            except ExecutionInterrupted:
+                raise
+            except KeyboardInterrupt:
+                wall = time.monotonic() - started
+                raise ExecutionInterrupted(
+                    ExecutionResult(
+                        candidate,
+                        "crash",
+                        detail=f"interrupted after {wall:.1f} s: infrarsi was stopped "
+                        f"(SIGINT or SIGTERM) while the workload ran; the workload was killed",
+                        device_s=wall,
+                        wall_s=wall,
+                        sources=sources,
+                        evidence={"version": 1, "interrupted": True, "fingerprint": environment_fingerprint()},
+                    )
+                ) from None
+        finally:
+            if not self.keep_sandbox:
+                box.remove()
+
+    def _launch(self, contract, pinned, candidate, box, before, sources, sample_all) -> ExecutionResult:
+        argv, knob_env = build_argv(contract, candidate)
+        log_mode = contract.task.evidence == "log"
+        extra = dict(knob_env)
+        extra[STEPS_ENV] = str(contract.total_steps)
+        sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
+        if not log_mode:
+            extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
+            extra[RECEIPTS_ENV] = str(box.receipts)
+        env = workload_env(os.environ, home=str(box.home), extra=extra)
+        limit = int(contract.resources.memory_limit_mb * 2**20)
+        seen = launch(
+            LaunchSpec(
+                argv=argv,
+                cwd=box.workspace,
+                env=env,
+                timeout_s=contract.task.timeout_s,
+                memory_limit_bytes=limit,
+                receipts_fifo=None if log_mode else box.receipts,
+            )
+        )
+
+        if log_mode:
+            from infrarsi.runner._logevidence import receipts_from_log
+
+            records = receipts_from_log(seen.stdout_lines, contract.log_patterns, seen.started_ns)
+            lines = [json.dumps(r, separators=(",", ":")) for r in records]
+            arrivals = [r["t1_ns"] for r in records]
+        else:
+            lines = [text for _, text in seen.receipt_lines]
+            arrivals = [stamp for stamp, _ in seen.receipt_lines]
+        receipts = parse_receipts(lines)
+
+        after = hash_protected(box.workspace, contract.protected_globs)
+        framework_after = hash_framework()
+        environment = self._environment.after_run()
+        integrity = {
+            "protected_changed_before_run": diff_hashes(pinned, before),
+            "protected_changed_by_run": diff_hashes(before, after),
+            "protected_after": after,
+            "framework_changed": diff_hashes(self._framework, framework_after),
+            "containment": seen.containment,
+            # What the run left in the interpreter's import folders (files it added are removed again).
+            "environment": environment,
+            "environment_changed": [
+                f"{p} (added, removed again)" if p in environment["removed"] else f"{p} (added)"
+                for p in environment["added"]
+            ]
+            + [f"{p} (changed)" for p in environment["changed"]]
+            + [f"{p} (deleted)" for p in environment["deleted"]],
+        }
+        evidence = {
+            "version": 1,
+            "argv": [os.path.basename(argv[0])] + argv[1:],
+            "knob_env": knob_env,
+            "evidence_kind": contract.task.evidence,
+            "started_ns": seen.started_ns,
+            "ended_ns": seen.ended_ns,
+            "arrivals_ns": arrivals,
+            "sampled_steps": [] if log_mode else sampled,
+            "stdout_lines": len(seen.stdout_lines),
+            "bad_receipt_lines": receipts.bad_lines,
+            "receipts_ended": receipts.ended,
+            "guard": {
+                "interval_s": GUARD_INTERVAL_S,
+                "samples": seen.guard_samples,
+                "max_gap_ms": round(seen.guard_max_gap_ns / 1e6, 2),
+                "limit_bytes": limit,
+                "peak_rss_bytes": seen.peak_rss_bytes,
+                "censored": seen.status == "oom",
+            },
+            "integrity": integrity,
+            "fingerprint": environment_fingerprint(),
+        }
+        if log_mode:
+            evidence["stdout"] = [[stamp, text] for stamp, text in seen.stdout_lines[:10000]]
+        evidence["timing"] = _timing_evidence(RunEvidence.from_stored(lines, evidence), contract)
+        step_time = evidence["timing"]["step_time_s"]
+        detail = seen.detail
+        if seen.status == "ok" and step_time is None and not sample_all:  # a reference run is not timed
+            detail = (
+                f"finished, but the receipts hold no complete measured window "
+                f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps}): " + evidence["timing"]["missing"]
+            )
+        changed = (
+            integrity["protected_changed_by_run"]
+            + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
+            + integrity["environment_changed"]
+        )
+        if changed:
+            detail = (detail + "; " if detail else "") + "changed at run time: " + ", ".join(changed)
+        return ExecutionResult(
+            candidate=candidate,
+            status=seen.status,
+            detail=detail,
+            exit_code=seen.exit_code,
+            step_time_s=step_time if seen.status == "ok" else None,
+            # An oom gives a lower bound only ("more than the limit"), never a value.
+            peak_mem_mb=None if seen.status == "oom" else round(seen.peak_rss_bytes / 2**20, 1),
+            device_s=seen.wall_s,
+            wall_s=seen.wall_s,
+            stderr_tail=seen.stderr_tail,
+            receipts=("\n".join(lines) + "\n").encode() if lines else b"",
+            evidence=evidence,
+            sources=sources,
+        )
+
+
+def _timing_evidence(run: RunEvidence, contract: Contract) -> dict:
+    """The step time on the runner's clock (the mean measured period), the periods, and the
+    probe's region share beside them; ``missing`` says why there is no step time."""
+    warmup, measure = contract.timing.warmup_steps, contract.timing.measure_steps
+    found = window_periods(run, warmup, measure)
+    if isinstance(found, str):
+        arrived = sorted({s.step for s in run.steps})
+        seen = f"steps that arrived: {_ranges(arrived)}" if arrived else "no step lines arrived"
+        return {
+            "clock": "runner",
+            "step_time_s": None,
+            "periods_s": None,
+            "region_share": None,
+            "missing": f"{found}; {seen} (steps count from 1)",
+        }
+    steps, periods = found
+    share = region_share(run, warmup, measure)
+    return {
+        "clock": "runner",
+        "step_time_s": sum(periods) / len(periods),
+        "steps": steps,
+        "periods_s": [round(p, 9) for p in periods],
+        "region_share": None if share is None else round(share, 4),
+        "missing": None,
+    }
+
+
+def _ranges(numbers: list[int]) -> str:
+    """1, 2, 3, 7 -> '1..3, 7' (the first few runs only)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in spans[:6])
+    return text + (", ..." if len(spans) > 6 else "")

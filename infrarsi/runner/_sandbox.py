@@ -1,0 +1,75 @@
+"""Sandbox copies of the workspace, and patches applied to them with ``git apply``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from infrarsi.errors import PatchRejected
+
+__all__ = ["Sandbox", "make_sandbox"]
+
+_LEAVE_OUT = shutil.ignore_patterns(".infrarsi", ".git", "__pycache__", "*.pyc")
+
+
+@dataclass
+class Sandbox:
+    """A run folder outside the workspace: ``ws/`` (the copy), ``home/``, the receipts FIFO."""
+
+    root: Path
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "ws"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def receipts(self) -> Path:
+        return self.root / "receipts.fifo"
+
+    def apply(self, name: str, text: str, include: str | None = None) -> None:
+        """Apply one unified diff to the copy; raises PatchRejected with git's message.
+
+        ``include`` (a git path pattern) applies only the files that match it.
+        """
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": str(self.home),
+            # Never let git find a repository above the sandbox.
+            "GIT_CEILING_DIRECTORIES": str(self.root),
+            "GIT_CONFIG_NOSYSTEM": "1",
+        }
+        try:
+            only = [f"--include={include}"] if include else []
+            proc = subprocess.run(
+                ["git", "apply", "--whitespace=nowarn", *only, "-"],
+                input=text.encode(),
+                cwd=self.workspace,
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
+        except FileNotFoundError:
+            raise PatchRejected(name, "git is not installed (needed for `git apply`)") from None
+        if proc.returncode != 0:
+            message = proc.stderr.decode("utf-8", "replace").strip() or f"git apply exit {proc.returncode}"
+            raise PatchRejected(name, message)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def make_sandbox(workspace: Path) -> Sandbox:
+    """Copy ``workspace`` (without .infrarsi/, .git/, caches) into a fresh folder outside it."""
+    root = Path(tempfile.mkdtemp(prefix="infrarsi-run-"))
+    box = Sandbox(root)
+    shutil.copytree(workspace, box.workspace, ignore=_LEAVE_OUT, symlinks=True)
+    box.home.mkdir()
+    return box

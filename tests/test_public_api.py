@@ -1,0 +1,127 @@
+"""The public Python API: every stage imported from `infrarsi` alone and called on the bundled
+workload, as a notebook user would, without a private module in sight."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import infrarsi
+
+TINYGPT = Path(__file__).resolve().parents[1] / "examples" / "tinygpt"
+STAGES = [
+    "init",
+    "baseline",
+    "run",
+    "verify",
+    "verify_receipt",
+    "search",
+    "report",
+    "apply",
+    "gate",
+    "audit",
+    "lint",
+    "export_pack",
+    "load_pack",
+    "demo",
+]
+
+
+def test_every_public_name_is_documented_and_importing_the_package_stays_cheap():
+    for name in STAGES:
+        value = getattr(infrarsi, name)
+        assert inspect.isfunction(value) and (inspect.getdoc(value) or "").strip(), f"infrarsi.{name}: no docstring"
+    assert set(STAGES) <= set(infrarsi.__all__)
+    assert all(not name.startswith("_") or name == "__version__" for name in infrarsi.__all__)
+    # A fresh interpreter: `import infrarsi` loads no stage, no torch, no ledger.
+    probe = (
+        "import sys, infrarsi; print(sorted(m for m in sys.modules "
+        "if m.startswith(('torch', 'infrarsi.', 'sqlite_utils'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
+
+
+def _short_tinygpt(folder: Path) -> Path:
+    shutil.copytree(TINYGPT, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
+    contract = folder / "infrarsi.toml"
+    text = contract.read_text().replace("warmup_steps  = 5", "warmup_steps  = 2")
+    contract.write_text(text.replace("measure_steps = 15", "measure_steps = 8"))
+    return contract
+
+
+def test_every_stage_runs_from_the_package_on_the_bundled_workload(tmp_path):
+    from infrarsi import (
+        apply,
+        audit,
+        baseline,
+        export_pack,
+        gate,
+        init,
+        lint,
+        load_pack,
+        report,
+        run,
+        search,
+        verify,
+        verify_receipt,
+    )
+
+    contract = _short_tinygpt(tmp_path / "tinygpt")
+    done = init(contract)
+    assert done.ledger.is_file() and any(path.startswith("data/") for path in done.pinned)
+
+    summary = baseline(contract, runs=2)
+    assert summary.runs == 2 and summary.step_time_s["median"] > 0
+
+    one = run(contract, sets={"attention": "sdpa"})
+    assert one.status == "ok" and one.step_time_s > 0
+
+    checked = verify(contract, sets={"attention": "sdpa"}, patches=["batched-heads"])
+    assert checked.accepted, [c for c in checked.checks if c.status != "pass"]
+    assert verify_receipt(checked.receipt).ok
+
+    explored = search(contract, budget=2, promote=False)
+    assert explored.best is None and explored.executions == 2
+
+    pack_path, pack = export_pack(contract)
+    assert load_pack(pack_path)["findings"] == json.loads(pack_path.read_text())["findings"] == pack["findings"]
+    assert pack["findings"], "the accepted verify is a verified finding"
+
+    written = report(contract)
+    assert written.html.is_file() and written.promoted
+
+    applied = apply(contract, patch_file=tmp_path / "best.diff")
+    assert applied.patches == ["batched-heads"] and (tmp_path / "best.diff").is_file()
+
+    audited = audit(contract.parent / ".infrarsi" / "ledger.db")
+    assert audited.chain_ok and audited.previously_accepted >= 1 and audited.now_rejected == 0, audited.to_json()
+
+    findings = lint(str(contract.parent / "train.py"))
+    assert findings.clean
+
+    # The gate on a repository whose head changes nothing: refused without a run.
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], cwd=tmp_path, check=True
+    )
+    judged = gate(contract, base="HEAD", head="HEAD")
+    assert not judged.passed and judged.mode == "none" and judged.changed == []
+    assert any("nothing to verify" in note for note in judged.notes), judged.notes
+
+
+def test_each_public_name_is_the_stage_function_even_after_every_module_is_imported():
+    """Importing a stage's module must not shadow the function of the same name on the package."""
+    for module, _ in infrarsi._LAZY.values():
+        importlib.import_module(module)
+    for name in STAGES:
+        module, attribute = infrarsi._LAZY[name]
+        value = getattr(infrarsi, name)
+        assert inspect.isfunction(value), f"infrarsi.{name} is {value!r}"
+        assert value is getattr(importlib.import_module(module), attribute), name
