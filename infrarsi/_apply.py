@@ -62,7 +62,7 @@ class ApplyOutcome:
 
 def launch_command(contract, knobs: dict[str, str]) -> dict:
     """The contract's command with these knob settings: ``{argv, env, shell}`` (flags appended, env set)."""
-    argv, env = launch_settings(contract, dict(sorted(knobs.items())))
+    argv, env = launch_settings(contract, knobs)
     shell = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
     return {"argv": argv, "env": env, "shell": shell}
 

@@ -33,6 +33,7 @@ class BaselineSummary:
     reference_spread: dict  # the largest relative spread of each trajectory across runs
     knobs: dict
     reference_execution: int | None = None  # the run observed at every step (not timed)
+    tokens_source: str | None = None  # "receipts" (counted in the job), "contract" (tokens_per_step), None
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -68,7 +69,12 @@ def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[flo
 
 
 def summarise(
-    results: list[ExecutionResult], executions: list[int], warmup: int, measure: int, peak_tflops: float
+    results: list[ExecutionResult],
+    executions: list[int],
+    warmup: int,
+    measure: int,
+    peak_tflops: float,
+    tokens_per_step: int | None = None,
 ) -> BaselineSummary:
     """Statistics of successful baseline runs (pure: evidence in, summary out)."""
     receipt_sets = [parse_receipts(r.receipts.decode("utf-8", "replace").splitlines()) for r in results]
@@ -84,10 +90,16 @@ def summarise(
     # With one run, its own step-to-step noise is the best estimate there is.
     cv = statistics.stdev(medians) / statistics.fmean(medians) if len(medians) >= 2 else within_cv
     mad = statistics.median(abs(m - center) for m in medians)
+    # Tokens: the receipts' own count (the probe's, or the autoprobe's inputs), else the contract's
+    # `tokens_per_step`; which one is in `tokens_source`.
     tokens = [rec.get("tokens") for rs in receipt_sets for rec in rs.measured(warmup, measure)]
-    tokens_per_step = int(statistics.median(tokens)) if tokens and all(isinstance(t, int) for t in tokens) else None
+    counted = tokens and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tokens)
+    source = "receipts" if counted else ("contract" if tokens_per_step else None)
+    if counted:
+        tokens_per_step = int(statistics.median(tokens))
     tokens_per_s = tokens_per_step / center if tokens_per_step and center > 0 else None
-    flops = receipt_sets[0].declared().get("flops_per_token")
+    declared = receipt_sets[0].declared()
+    flops = declared.get("flops_per_token", declared.get("flops_per_token_estimate"))
     mfu = (
         float(flops) * tokens_per_s / (peak_tflops * 1e12) if isinstance(flops, (int, float)) and tokens_per_s else None
     )
@@ -103,6 +115,7 @@ def summarise(
         within_run_cv=within_cv,
         tokens_per_step=tokens_per_step,
         tokens_per_s=tokens_per_s,
+        tokens_source=source,
         peak_mem_mb=max(peaks) if peaks else None,
         mfu=mfu,
         run_step_times_s=medians,
@@ -181,7 +194,12 @@ def baseline(
                 )
         timing = ws.contract.timing
         summary = summarise(
-            results, executions, timing.warmup_steps, timing.measure_steps, ws.contract.resources.peak_tflops
+            results,
+            executions,
+            timing.warmup_steps,
+            timing.measure_steps,
+            ws.contract.resources.peak_tflops,
+            ws.contract.task.tokens_per_step,
         )
         if observed:
             # The original setup once more, observed at every step (its time is not a measurement).

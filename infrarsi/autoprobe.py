@@ -90,6 +90,8 @@ class AutoProbe:
         self._backwards = 0  # its backward() calls, scalar or not
         self._clipped: Any = None  # clip_grad_norm_'s result in the open step
         self._norms: list[Any] = []  # fallback: per-optimizer grad norms before their step
+        self._tokens = 0  # the open step's tokens: integer inputs to the outermost module
+        self._tokens_known = True  # False once a training forward had no single integer input
         self._backward_since_end = False
         self._in_backward = False
         self._depth = 0  # optimizer.step() nesting (wrappers calling inner optimizers)
@@ -130,6 +132,8 @@ class AutoProbe:
                 "t_ns": time.monotonic_ns(),
                 "loss": "sum of the scalars backward() was called on in the step",
                 "grad_norm": "clip_grad_norm_ result, else the 2-norm of the optimizers' grads",
+                "tokens": "elements of the one integer tensor (input_ids) each training forward of the outermost "
+                "module is given, summed over the step; none where a forward has none or several",
             }
         )
         sampler = getattr(self.probe, "_sampler", None)
@@ -251,6 +255,41 @@ class AutoProbe:
             self._modules.append(weakref.ref(module))
         if self._t0 is None and self.torch.is_grad_enabled():
             self._start_first_step()
+            self._count_tokens(module, args, {})  # this call: its positional inputs are all it shows
+            self._handles.append(module.register_forward_pre_hook(self._guarded(self._count_tokens), with_kwargs=True))
+
+    def _declare_flops(self) -> None:
+        """For MFU where the script declares nothing: 6 x the trainable parameters the optimizers
+        step, per token (a dense model's forward and backward), recorded as an estimate."""
+        params = {id(p): p for p in self._params if getattr(p, "requires_grad", False)}
+        if params:
+            count = sum(int(p.numel()) for p in params.values())
+            self.probe._write(
+                {
+                    "type": "meta",
+                    "declared": {"flops_per_token_estimate": 6 * count},
+                    "t_ns": time.monotonic_ns(),
+                }
+            )
+
+    def _count_tokens(self, module: Any, args: Any, kwargs: Any) -> None:
+        """Tokens of one training forward of the outermost module: the elements of its one integer
+        input (first positional argument or ``input_ids``). Evaluation (no grad) is not training."""
+        if not self.torch.is_grad_enabled():
+            return
+        given = [args[0] if args else None, (kwargs or {}).get("input_ids")]
+        ids = [
+            t
+            for t in given
+            if isinstance(t, self.torch.Tensor)
+            and not t.is_floating_point()
+            and not t.is_complex()
+            and t.dtype != self.torch.bool
+        ]
+        if len(ids) == 1:
+            self._tokens += int(ids[0].numel())
+        else:
+            self._tokens_known = False
 
     def _before_backward(self, tensors: Any) -> None:
         if self.done:
@@ -329,7 +368,7 @@ class AutoProbe:
             "step": self.steps,
             "t0_ns": t0,
             "t1_ns": t1,
-            "tokens": None,
+            "tokens": self._tokens if self._tokens_known and self._tokens else None,
             "loss": self._loss(),
             "grad_norm": self._grad_norm(),
             "peak_mem_bytes": probe._peak_mem(torch),
@@ -339,7 +378,10 @@ class AutoProbe:
             "extra": extra,
         }
         probe._write_step(record)
+        if self.steps == 1:
+            self._declare_flops()
         self._losses, self._backwards, self._clipped, self._norms = [], 0, None, []
+        self._tokens, self._tokens_known = 0, True
         self._backward_since_end = False
         AutocastSpy.seen = AutocastSpy.active_now(torch)
         self._last_step_ns = t1 - t0

@@ -183,7 +183,12 @@ class Probe(NullProbe):
         self.total_steps = total_steps
         self._file = open(path, "a", buffering=1, encoding="utf-8")
         self._models: list[weakref.ref] = []
+        # Without watch(), the parameters come from every torch optimizer that steps: torch's
+        # global step hook sees them without a line of the script changed.
+        self._optimizers: list[weakref.ref] = []
+        self._optimizer_hook: Any = None
         self._params: list[Any] = []
+        self._params_stale = True
         self._steps_seen = 0
         self._pending: dict[str, Any] | None = None
         self._in_step = False
@@ -216,9 +221,24 @@ class Probe(NullProbe):
         if torch is not None:
             AutocastSpy.install(torch)
             AutocastSpy.seen = AutocastSpy.active_now(torch)
+            if self._optimizer_hook is None:
+                self._hook_optimizers()
         self._sync(torch)
         self._in_step = True
         return torch
+
+    def _hook_optimizers(self) -> None:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._optimizer_hook = register_optimizer_step_post_hook(self._saw_optimizer)
+        except Exception:  # noqa: BLE001 - an older torch: only watch() gives parameter dtypes
+            self._optimizer_hook = False
+
+    def _saw_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
+            self._params_stale = True
 
     def _exit(self, torch: Any, step: int, tokens: int | None, t0: int) -> None:
         self._sync(torch)
@@ -261,6 +281,8 @@ class Probe(NullProbe):
 
     def close(self) -> None:
         self._flush_pending()
+        if self._optimizer_hook:
+            self._optimizer_hook.remove()
         if self._sampler is not None:
             self._sampler.close({})  # a window after the last line belongs to no step
         self._write({"type": "end", "t_ns": time.monotonic_ns()})
@@ -330,14 +352,20 @@ class Probe(NullProbe):
         # Walking the module tree costs more than the rest of the probe together, so the
         # parameter list is refreshed every few steps; in-place dtype casts (.half(), .to())
         # keep the same Parameter objects and are seen at once.
-        if self._steps_seen % PARAM_REFRESH == 0:
-            self._params = [
-                param for ref in self._models if (model := ref()) is not None for param in model.parameters()
+        if self._params_stale or self._steps_seen % PARAM_REFRESH == 0:
+            watched = [param for ref in self._models if (model := ref()) is not None for param in model.parameters()]
+            stepped = [
+                param
+                for ref in self._optimizers
+                if (optimizer := ref()) is not None
+                for group in optimizer.param_groups
+                for param in group["params"]
             ]
+            self._params, self._params_stale = watched + stepped, False
         self._steps_seen += 1
         dtypes = {dtype_name(dtype) for dtype in {param.dtype for param in self._params}}
         out: dict[str, Any] = {"autocast": sorted(AutocastSpy.seen | AutocastSpy.active_now(torch))}
-        if self._models:
+        if self._models or self._optimizers:
             out["param_dtypes"] = sorted(dtypes)
         matmul = legacy_matmul_precision(torch, self._cuda)
         if matmul is not None:

@@ -62,7 +62,7 @@ def _cmd_baseline(args) -> int:
             f"baseline over {summary.runs} run(s) (executions {summary.executions[0]}..{summary.executions[-1]})",
             f"  step time   {st['median'] * 1e3:.2f} ms median, CV {pct(st['cv'])}, MAD {st['mad'] * 1e3:.3f} ms",
             f"  within-run  CV {pct(summary.within_run_cv)}",
-            f"  tokens/s    {num(summary.tokens_per_s, '{:,.0f}')}",
+            f"  tokens/s    {num(summary.tokens_per_s, '{:,.0f}')}" + _tokens_from(summary.tokens_source),
             f"  peak memory {num(summary.peak_mem_mb, '{:.0f} MB')}",
             f"  MFU         {pct(summary.mfu)}",
             f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
@@ -71,6 +71,13 @@ def _cmd_baseline(args) -> int:
     )
     emit(args, summary.to_json(), human)
     return EXIT_OK
+
+
+def _tokens_from(source: str | None) -> str:
+    return {
+        "receipts": " (tokens counted in the job)",
+        "contract": " (tokens from the contract's tokens_per_step)",
+    }.get(source, " (tokens unknown: set [task] tokens_per_step)")
 
 
 def _detectable(contract_path, cv) -> list[str]:

@@ -40,16 +40,16 @@ def changes_from(baseline_knobs: dict[str, str], knobs: dict[str, str], patches:
 
 
 def launch_settings(contract: Contract, knobs: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The contract's command with these knob settings, in their order: flags appended to the
-    argv, the other knobs as environment variables. The one place knobs become a launch, for
-    the runner and for `apply` alike (the runner then resolves ``python`` to its interpreter)."""
+    """The contract's command with these knob settings: each knob's arguments appended in the
+    contract's order of knobs (so the same settings always give the same argv), its variables set.
+    The one place knobs become a launch, for the runner and for `apply` alike (the runner then
+    resolves ``python`` to its interpreter); contract/_launch.py has the forms."""
     argv, env = list(contract.task.command), {}
-    for name, value in knobs.items():
-        knob = contract.knobs[name]
-        if knob.flag:
-            argv += [knob.flag, value]
-        else:
-            env[knob.env] = value
+    for name, knob in contract.knobs.items():
+        if name in knobs:
+            args, variables = knob.settings(knobs[name])
+            argv += args
+            env.update(variables)
     return argv, env
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.contract._globs import check_glob, matches
+from infrarsi.contract._launch import KnobLaunch, parse_launch, shown_value as _show
 from infrarsi.contract._schema import KNOB_FIELDS, LOG_FIELDS, PATCH_FIELDS, SECTIONS, Field
 from infrarsi.errors import ContractError
 
@@ -22,7 +23,6 @@ __all__ = ["Contract", "Knob", "PatchSpec", "load_contract", "parse_contract", "
 
 DEFAULT_CONTRACT = "infrarsi.toml"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,12 @@ class Knob:
     baseline: str
     flag: str | None = None
     env: str | None = None
+    launch: KnobLaunch | None = None  # how the value reaches the job (built from flag/env when absent)
+
+    def settings(self, value: str) -> tuple[list[str], dict[str, str]]:
+        """The arguments and environment variables this knob adds at ``value``."""
+        launch = self.launch or KnobLaunch("flag" if self.flag else "env", self.flag or self.env)
+        return launch.settings(value)
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,10 @@ class _Parser:
             if isinstance(raw, bool) or not isinstance(raw, (str, int)):
                 bad("a string or integer")
             value = str(raw)
+        elif kind == "choice_launch":
+            if not isinstance(raw, dict):
+                bad('a table: choice -> { args = [...], env = { NAME = "value" } }')
+            value = dict(raw)
         else:  # pragma: no cover - schema error
             raise AssertionError(kind)
         if spec.minimum is not None:
@@ -275,30 +285,30 @@ class _Parser:
             if not _NAME_RE.match(name):
                 self.fail(table, None, "expected a knob name of letters, digits, '_', '-', '.'")
             values = self.section(table, body, KNOB_FIELDS)
-            flag, env = values["flag"], values["env"]
-            if (flag is None) == (env is None):
-                self.fail(
-                    table,
-                    "flag" if flag else None,
-                    "expected exactly one of `flag` or `env`, got " + ("both" if flag else "neither"),
-                )
-            if flag is not None and not flag.startswith("-"):
-                self.fail(table, "flag", f"expected a flag starting with '-', got {flag!r}")
-            if env is not None and (not _ENV_RE.match(env) or env.startswith("INFRARSI_")):
-                self.fail(
-                    table, "env", f"expected an environment variable name not starting with INFRARSI_, got {env!r}"
-                )
-            target = flag or f"${env}"
-            if target in seen_flags:
-                self.fail(table, "flag" if flag else "env", f"{target} is already set by knob {seen_flags[target]!r}")
-            seen_flags[target] = name
             if values["baseline"] not in values["choices"]:
                 self.fail(
                     table,
                     "baseline",
                     f"expected one of the choices {list(values['choices'])}, got {values['baseline']!r}",
                 )
-            knobs[name] = Knob(name=name, choices=values["choices"], baseline=values["baseline"], flag=flag, env=env)
+            launch = parse_launch(table, values, self.fail)
+            for target in sorted(launch.targets(values["choices"])):
+                if target in seen_flags:
+                    self.fail(
+                        table,
+                        launch.form,
+                        f"{target} is already set by knob {seen_flags[target]!r}: two knobs "
+                        "can't set the same argument or variable",
+                    )
+                seen_flags[target] = name
+            knobs[name] = Knob(
+                name=name,
+                choices=values["choices"],
+                baseline=values["baseline"],
+                flag=values["flag"],
+                env=values["env"],
+                launch=launch,
+            )
         return knobs
 
     def patches(self, raw: Any) -> tuple[PatchSpec, ...]:
@@ -358,14 +368,6 @@ class _Parser:
                     f"expected a regex with exactly one capture group, got {compiled.groups} in {pattern!r}",
                 )
         return patterns
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return f"a list {value!r}"[:80]
-    return f"{type(value).__name__} {value!r}"[:80]
 
 
 def parse_contract(text: str, path: str | Path, check_files: bool = True) -> Contract:

@@ -14,6 +14,7 @@ _KINDS = {
     "choice_list": "list of strings",
     "choice_values": "list of strings or integers",
     "choice_value": "string or integer",
+    "choice_launch": "table: choice -> { args, env }",
 }
 
 
@@ -48,6 +49,58 @@ def _table(title: str, fields: tuple[Field, ...]) -> list[str]:
     ]
 
 
+_KNOB_FORMS = [
+    "A knob has exactly one launch form. What each choice adds goes after the contract's `command`",
+    "(arguments) or into the workload's environment (variables):",
+    "",
+    "```toml",
+    "[knobs.batch_size]            # --batch-size 16",
+    'flag = "--batch-size"',
+    "choices = [8, 16]",
+    "baseline = 16",
+    "",
+    "[knobs.lr]                    # --learning_rate=3e-4  (single-file trainers that read --key=value)",
+    'flag = "--learning_rate"',
+    'form = "equals"',
+    'choices = ["3e-4", "1e-3"]',
+    'baseline = "3e-4"',
+    "",
+    "[knobs.precision]             # trainer.precision=bf16-mixed  (a Hydra override)",
+    'override = "trainer.precision"',
+    'choices = ["32-true", "bf16-mixed"]',
+    'baseline = "32-true"',
+    "",
+    "[knobs.compile]               # TORCH_COMPILE=1 in the environment",
+    'env = "TORCH_COMPILE"',
+    "choices = [0, 1]",
+    "baseline = 0",
+    "",
+    "[knobs.checkpointing]         # on: --gradient_checkpointing; off: nothing",
+    'switch = "--gradient_checkpointing"',
+    'choices = ["on", "off"]',
+    'baseline = "off"',
+    "",
+    "[knobs.fused]                 # on: --fused; off: --no-fused",
+    'switch = "--fused"',
+    'negation = "--no-fused"',
+    'choices = ["on", "off"]',
+    'baseline = "on"',
+    "",
+    "[knobs.micro_batch]           # micro-batch x accumulation at a global batch of 16",
+    'choices = ["4x4", "8x2", "16x1"]',
+    'baseline = "16x1"',
+    'set."4x4"  = { args = ["--per_device_train_batch_size=4", "--gradient_accumulation_steps=4"] }',
+    'set."8x2"  = { args = ["--per_device_train_batch_size=8", "--gradient_accumulation_steps=2"] }',
+    'set."16x1" = { args = ["--per_device_train_batch_size=16", "--gradient_accumulation_steps=1"] }',
+    "```",
+    "",
+    "Two knobs can never set the same argument (`--x` and `--x=...` are one argument; a Hydra key is",
+    "one argument however it is prefixed) or the same variable: that is a contract error naming both.",
+    "The same knob settings always give the same command line, in the contract's order of knobs.",
+    "",
+]
+
+
 def contract_reference() -> str:
     """Markdown for docs/contract.md."""
     lines = [
@@ -64,19 +117,17 @@ def contract_reference() -> str:
     for name, fields in SECTIONS.items():
         lines += _table(f"[{name}]", fields)
     lines += _table("[knobs.NAME]", KNOB_FIELDS)
-    lines += [
-        "A flag knob is passed as two arguments, `FLAG VALUE`, after the command; an env knob sets the",
-        "variable in the workload's environment. Two knobs can't drive the same flag or variable.",
-        "",
-    ]
+    lines += _KNOB_FORMS
     lines += _table("[[patches]]", PATCH_FIELDS)
     lines += _table("[evidence.log]", LOG_FIELDS)
     lines += ['Only with `evidence = "log"`; each regex must have exactly one capture group.', ""]
     lines += [
         "### Cross-key rules",
         "",
-        "- A knob has exactly one of `flag` / `env`; its `baseline` is one of its `choices`.",
-        "- An env knob may not use a name starting with `INFRARSI_` (the runner sets those).",
+        "- A knob has exactly one of `flag` / `override` / `env` / `switch` / `set`; its `baseline` is",
+        "  one of its `choices`; `form` goes only with `flag`, `negation` only with `switch`; a switch's",
+        "  choices are `on` and `off`; `set` has one entry per choice, each `{ args, env }`.",
+        "- No variable a knob sets may start with `INFRARSI_` (the runner sets those).",
         "- A glob may not be both editable and protected, and no existing file may match both;",
         "  the contract itself is always protected, so no editable glob may match it.",
         "- Globs are workspace-relative: no leading `/`, no `..`.",

@@ -66,6 +66,14 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
             exclusive_minimum=True,
         ),
         Field("evidence", "str", "probe", "where receipts come from", one_of=EVIDENCE_KINDS),
+        Field(
+            "tokens_per_step",
+            "int",
+            None,
+            "tokens one training step trains on, for tokens/s and MFU where the receipts count none "
+            "(`log` evidence without a tokens regex; `auto` where the inputs are not one integer tensor)",
+            minimum=1,
+        ),
     ),
     "scope": (
         Field("editable", "str_list", (), "globs a patch may touch"),
@@ -147,10 +155,26 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
 }
 
 KNOB_FIELDS: tuple[Field, ...] = (
-    Field("flag", "str", None, "a CLI flag, passed as `FLAG VALUE` (exactly one of flag / env)"),
-    Field("env", "str", None, "an environment variable set to the value (exactly one of flag / env)"),
     Field("choices", "choice_values", REQUIRED, "the values this knob may take (strings or integers)"),
     Field("baseline", "choice_value", REQUIRED, "the value of the original setup; one of choices"),
+    Field("flag", "str", None, "a command-line flag given the value: `FLAG VALUE`, or `FLAG=VALUE` with `form`"),
+    Field(
+        "form",
+        "str",
+        None,
+        "with `flag`: `separate` (`FLAG VALUE`, the default) or `equals` (`FLAG=VALUE`)",
+        one_of=("separate", "equals"),
+    ),
+    Field("override", "str", None, "a bare `KEY=VALUE` argument (Hydra's `trainer.lr=3e-4`, key=value configurators)"),
+    Field("env", "str", None, "an environment variable set to the value"),
+    Field("switch", "str", None, "a presence-only flag: choices `on` (adds it) and `off` (nothing, or `negation`)"),
+    Field("negation", "str", None, "with `switch`: what `off` adds instead of nothing (e.g. `--no-compile`)"),
+    Field(
+        "set",
+        "choice_launch",
+        None,
+        'per choice, the arguments and variables it sets: `set.CHOICE = { args = [...], env = { NAME = "v" } }`',
+    ),
 )
 
 PATCH_FIELDS: tuple[Field, ...] = (

@@ -131,7 +131,7 @@ def test_auto_records_every_step_of_an_unmodified_script(auto_fp32):
     assert auto_fp32.step_time_s is not None and auto_fp32.step_time_s > 0
     for rec in steps:
         assert rec["t0_ns"] < rec["t1_ns"]
-        assert rec["tokens"] is None
+        assert rec["tokens"] == 8 * 16  # batch x block, counted from the inputs
         assert rec["extra"]["backward_calls"] == 1
         assert rec["peak_mem_bytes"] > 0
     # Steps tile the run: each starts right after the previous one ended.
@@ -154,6 +154,49 @@ def test_auto_records_grad_norm_dtypes_and_no_autocast(auto_fp32):
         assert rec["param_dtypes"] == ["float32"]
         assert rec["autocast"] == []
         assert rec["fp32_matmul"] == "highest"
+
+
+def test_auto_counts_tokens_from_the_integer_inputs_of_training_forwards(auto_fp32, auto_bf16_accum):
+    """batch_size 8 x block_size 16 per forward; with accumulation 2, two forwards a step. The
+    evaluation at iteration 0 runs without grad and is not counted."""
+    assert [r["tokens"] for r in steps_of(auto_fp32)] == [8 * 16] * TOTAL
+    assert [r["tokens"] for r in steps_of(auto_bf16_accum)] == [2 * 8 * 16] * TOTAL
+    declared = parse_receipts(auto_fp32.receipts.decode().splitlines()).declared()
+    assert declared["flops_per_token_estimate"] > 0 and "flops_per_token" not in declared
+
+
+def test_tokens_given_only_as_keyword_inputs_are_counted_from_the_second_step(recorder):
+    """HF-style ``model(input_ids=...)``: the global hook that starts step 1 sees no keywords, so
+    step 1 is left uncounted rather than guessed; a float-only input is never a token count."""
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50)
+
+        def forward(self, input_ids=None):
+            return self.head(self.emb(input_ids))
+
+    torch.manual_seed(0)
+    model = LM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder["start"]()
+    for _ in range(3):
+        ids = torch.randint(0, 50, (4, 6))
+        out = model(input_ids=ids)
+        torch.nn.functional.cross_entropy(out.view(-1, 50), ids.view(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert [r["tokens"] for r in recorder["records"]()] == [None, 24, 24]
+    model2, x, y = model_and_data()
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+    recorder["auto"].uninstall()
+    recorder["start"]()
+    for _ in range(2):
+        torch.nn.functional.mse_loss(model2(x), y).backward()
+        opt2.step()
+        opt2.zero_grad()
+    assert all(r["tokens"] is None for r in recorder["records"]()[3:])
 
 
 def test_auto_observes_the_runners_sampled_steps(auto_fp32, auto_bf16_accum):
@@ -473,3 +516,28 @@ def test_auto_keeps_the_interpreters_own_options_before_the_script(tmp_path):
     result = execute(root)
     assert result.status == "ok", result.detail + result.stderr_tail
     assert [r["step"] for r in steps_of(result)] == list(range(1, TOTAL + 1))
+
+
+def test_baseline_tokens_come_from_the_receipts_else_the_contract(auto_fp32, log_run):
+    from infrarsi._baseline import summarise
+
+    counted = summarise([auto_fp32], [1], WARMUP, MEASURE, 0.1, tokens_per_step=999)
+    assert counted.tokens_source == "receipts" and counted.tokens_per_step == 8 * 16
+    assert counted.tokens_per_s == pytest.approx(128 / auto_fp32.step_time_s)
+    assert counted.mfu and counted.mfu > 0  # from the autoprobe's 6 x parameters estimate
+    from_contract = summarise([log_run], [1], WARMUP, MEASURE, 0.1, tokens_per_step=128)
+    assert from_contract.tokens_source == "contract" and from_contract.tokens_per_step == 128
+    assert from_contract.tokens_per_s == pytest.approx(128 / log_run.step_time_s)
+    unknown = summarise([log_run], [1], WARMUP, MEASURE, 0.1)
+    assert unknown.tokens_source is None and unknown.tokens_per_s is None and unknown.mfu is None
+
+
+def test_tokens_the_contract_states_are_not_held_against_a_candidate(log_run):
+    """timing.window compares a candidate's counted tokens with the baseline's; a count that only
+    the contract states (the receipts have none) is not evidence to compare with."""
+    from infrarsi._baseline import summarise
+    from infrarsi.verifiers import BaselineReference
+
+    stated = summarise([log_run], [1], WARMUP, MEASURE, 0.1, tokens_per_step=128).as_record()
+    assert BaselineReference.from_summary(stated).tokens_per_step is None
+    assert BaselineReference.from_summary({**stated, "tokens_source": "receipts"}).tokens_per_step == 128

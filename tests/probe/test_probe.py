@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent("""
         model = model.to(torch.bfloat16)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     p = probe.from_env()
-    p.watch(model)
+    if os.environ.get("NO_WATCH") != "1":
+        p.watch(model)
     steps = p.total_steps or 3
     p.meta(params=sum(t.numel() for t in model.parameters()), dtype="fp32")  # a declaration, not evidence
     for step in range(1, steps + 1):
@@ -375,3 +376,12 @@ def test_the_sample_plan_is_read_once_and_parsed_leniently():
 
     assert _parse_plan("3,17") == frozenset({3, 17}) and _parse_plan(" all ") == ALL_STEPS
     assert _parse_plan("") is None and _parse_plan("x,0,-2") is None and _parse_plan("4,x") == frozenset({4})
+
+
+@pytest.mark.parametrize("half, dtypes", [("0", ["float32"]), ("1", ["bfloat16"])])
+def test_parameter_dtypes_without_watch_come_from_the_optimizers_that_step(tmp_path, half, dtypes):
+    """DESIGN.md's example has no watch(): torch's global optimizer step hook gives the parameters."""
+    out = tmp_path / "r.jsonl"
+    run_script(tmp_path, INFRARSI_RECEIPTS=str(out), INFRARSI_STEPS="3", NO_WATCH="1", HALF=half)
+    steps = [r for r in records(out) if r["type"] == "step"]
+    assert [r["param_dtypes"] for r in steps] == [dtypes] * 3

@@ -183,6 +183,9 @@ def build_messages(context: ProposalContext, max_proposals: int) -> list[dict[st
 
 
 def _knob_how(knob: Any) -> str:
+    launch = getattr(knob, "launch", None)
+    if launch is not None and launch.form != "set":
+        return f" ({launch.form} {launch.target})"
     if getattr(knob, "flag", None):
         return f" (flag {knob.flag})"
     if getattr(knob, "env", None):
