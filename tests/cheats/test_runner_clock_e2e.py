@@ -77,7 +77,10 @@ def test_a_timing_cheat_gains_nothing_in_back_to_back_pairs(tinygpt_workspace):
             receipts = [json.loads(line) for line in result.receipts.decode().splitlines()]
             times[role].append(result.step_time_s)
             regions[role].append(_probe_region_s(receipts, steps))
-    by_regions, _ = check_speedup(regions["B"], regions["A"], 1.02, 2)
+    by_regions, claimed = check_speedup(regions["B"], regions["A"], 1.02, 2)
     by_runner, estimate = check_speedup(times["B"], times["A"], 1.02, 2)
     assert by_regions.status == "pass", by_regions  # what the probe's regions would have claimed
-    assert by_runner.status == "fail" and estimate.median < 1.1, by_runner
+    # No receipt on the runner's clock, and less than the regions claimed. Two pairs on a busy
+    # 2-core machine have read medians of 1.14x for this cheat (it does the same work), so the
+    # bound is on the verdict and on the claim, not on a tight median.
+    assert by_runner.status == "fail" and estimate.median < min(1.25, claimed.median), (by_runner, claimed)
