@@ -52,7 +52,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from infrarsi.probe import AUTOPROBE_ENV, PARAM_REFRESH, AutocastSpy, dtype_name, from_env, legacy_matmul_precision
+from infrarsi.probe import (
+    AUTOPROBE_ENV,
+    PARAM_REFRESH,
+    AutocastSpy,
+    dtype_name,
+    from_env,
+    legacy_matmul_precision,
+    optimizer_params,
+    remember_optimizer,
+)
 
 __all__ = ["AutoProbe", "main"]
 
@@ -451,21 +460,14 @@ class AutoProbe:
             return None
 
     def _remember(self, optimizer: Any) -> None:
-        if not any(ref() is optimizer for ref in self._optimizers):
-            self._optimizers.append(weakref.ref(optimizer))
+        if remember_optimizer(self._optimizers, optimizer):
             self._params = []
 
     def _param_dtypes(self) -> list[str]:
         # Casts in place (.half(), .to()) keep the Parameter objects and are seen at once;
         # the list itself is refreshed every few steps, for add_param_group().
         if not self._params or self.steps % PARAM_REFRESH == 0:
-            self._params = [
-                p
-                for ref in self._optimizers
-                if (opt := ref()) is not None
-                for group in opt.param_groups
-                for p in group["params"]
-            ]
+            self._params = optimizer_params(self._optimizers)
         return sorted({dtype_name(dtype) for dtype in {p.dtype for p in self._params}})
 
 

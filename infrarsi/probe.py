@@ -50,6 +50,8 @@ __all__ = [
     "PARAM_REFRESH",
     "dtype_name",
     "legacy_matmul_precision",
+    "remember_optimizer",
+    "optimizer_params",
 ]
 
 RECEIPTS_ENV = "INFRARSI_RECEIPTS"
@@ -236,8 +238,7 @@ class Probe(NullProbe):
             self._optimizer_hook = False
 
     def _saw_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not any(ref() is optimizer for ref in self._optimizers):
-            self._optimizers.append(weakref.ref(optimizer))
+        if remember_optimizer(self._optimizers, optimizer):
             self._params_stale = True
 
     def _exit(self, torch: Any, step: int, tokens: int | None, t0: int) -> None:
@@ -354,14 +355,7 @@ class Probe(NullProbe):
         # keep the same Parameter objects and are seen at once.
         if self._params_stale or self._steps_seen % PARAM_REFRESH == 0:
             watched = [param for ref in self._models if (model := ref()) is not None for param in model.parameters()]
-            stepped = [
-                param
-                for ref in self._optimizers
-                if (optimizer := ref()) is not None
-                for group in optimizer.param_groups
-                for param in group["params"]
-            ]
-            self._params, self._params_stale = watched + stepped, False
+            self._params, self._params_stale = watched + optimizer_params(self._optimizers), False
         self._steps_seen += 1
         dtypes = {dtype_name(dtype) for dtype in {param.dtype for param in self._params}}
         out: dict[str, Any] = {"autocast": sorted(AutocastSpy.seen | AutocastSpy.active_now(torch))}
@@ -371,6 +365,22 @@ class Probe(NullProbe):
         if matmul is not None:
             out["fp32_matmul"] = matmul
         return out
+
+
+def remember_optimizer(refs: list[weakref.ref], optimizer: Any) -> bool:
+    """Add ``optimizer`` to ``refs`` (weak references, dead ones dropped); True when it is new."""
+    refs[:] = [ref for ref in refs if ref() is not None]
+    if any(ref() is optimizer for ref in refs):
+        return False
+    refs.append(weakref.ref(optimizer))
+    return True
+
+
+def optimizer_params(refs: list[weakref.ref]) -> list[Any]:
+    """Every parameter in the param groups of the optimizers still alive in ``refs``."""
+    return [
+        param for ref in refs if (opt := ref()) is not None for group in opt.param_groups for param in group["params"]
+    ]
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
