@@ -214,6 +214,7 @@ class Verification:
             float(contract.search.min_speedup),
             self.pairs,
             stored=stored_step_time(self.summary),
+            drift_floor=float(contract.search.drift_tolerance),
         )
         checks.append(stat)
         speedup = estimate.to_json() if estimate else None

@@ -51,7 +51,10 @@ def _short_tinygpt(folder: Path) -> Path:
     shutil.copytree(TINYGPT, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
     contract = folder / "infrarsi.toml"
     text = contract.read_text().replace("warmup_steps  = 5", "warmup_steps  = 2")
-    contract.write_text(text.replace("measure_steps = 15", "measure_steps = 8"))
+    text = text.replace("measure_steps = 15", "measure_steps = 8")
+    # A shared CI machine's step time wanders more than the default 15% drift net between
+    # runs; the net itself is tested in tests/verifiers/.
+    contract.write_text(text.replace("min_speedup       = 1.02", "min_speedup       = 1.02\ndrift_tolerance   = 0.4"))
     return contract
 
 

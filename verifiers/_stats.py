@@ -213,8 +213,13 @@ DRIFT_FLOOR = 0.15
 DRIFT_CV_MULTIPLE = 5.0
 
 
-def baseline_drift(baseline_s: list[float], stored_median_s: float, stored_cv: float | None) -> str | None:
+def baseline_drift(
+    baseline_s: list[float], stored_median_s: float, stored_cv: float | None, floor: float = DRIFT_FLOOR
+) -> str | None:
     """Why the A/B's baseline arm can't be trusted against the stored baseline, or None.
+
+    ``floor`` is the contract's ``[search] drift_tolerance``; the allowance is the larger of it
+    and ``DRIFT_CV_MULTIPLE`` times the stored run-to-run CV.
 
     A job that slows the runs after it (a process left behind, a machine it loaded)
     makes the baseline arm slower than the baseline ever was, and its own arm look fast.
@@ -222,7 +227,7 @@ def baseline_drift(baseline_s: list[float], stored_median_s: float, stored_cv: f
     if not baseline_s or not stored_median_s or stored_median_s <= 0:
         return None
     arm = float(np.median(baseline_s))
-    allowed = max(DRIFT_FLOOR, DRIFT_CV_MULTIPLE * (stored_cv or 0.0))
+    allowed = max(floor, DRIFT_CV_MULTIPLE * (stored_cv or 0.0))
     if abs(math.log(arm / stored_median_s)) <= math.log1p(allowed):
         return None
     return (
@@ -239,13 +244,14 @@ def check_speedup(
     pairs_required: int,
     confidence: float = 0.95,
     stored: tuple[float, float | None] | None = None,
+    drift_floor: float = DRIFT_FLOOR,
 ) -> tuple[CheckResult, SpeedupEstimate | None]:
     """``stats.speedup``: passes only when the lower bound of the speedup is above ``min_speedup``.
 
     The result is ``unchecked`` (which fails) when the lists differ in length, there are
     fewer than ``max(pairs_required, 2)`` pairs, or any time is non-finite or <= 0, and when
     ``stored`` (the stored baseline's median step time and CV, on the same clock) is given
-    and the baseline arm drifted from it beyond what that noise allows.
+    and the baseline arm drifted from it beyond what that noise (at least ``drift_floor``) allows.
     """
     cid = "stats.speedup"
     baseline_s, candidate_s = list(baseline_s), list(candidate_s)
@@ -269,7 +275,7 @@ def check_speedup(
         f"speedup {est.median:.3f}x [{est.ci_low:.3f}, {est.ci_high:.3f}]"
         f" ({confidence:.0%} one-sided bounds over {est.pairs} pairs)"
     )
-    drifted = baseline_drift(baseline_s, *stored) if stored else None
+    drifted = baseline_drift(baseline_s, *stored, floor=drift_floor) if stored else None
     if drifted:
         return CheckResult(cid, "unchecked", f"{summary}, not trusted: {drifted}", evidence), est
     if est.ci_low > min_speedup:

@@ -191,8 +191,14 @@ class _Batches:
                 )
             ]
         stored = stored_step_time(self.ev.summary(self.ev.baseline_for(self.anchor_row)) or {})
+        search = self.contract.search
         check, _ = check_speedup(
-            base[:pairs], cand[:pairs], float(self.contract.search.min_speedup), pairs, stored=stored
+            base[:pairs],
+            cand[:pairs],
+            float(search.min_speedup),
+            pairs,
+            stored=stored,
+            drift_floor=float(search.drift_tolerance),
         )
         return [(self.anchor, check)]
 

@@ -129,6 +129,15 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
         Field("ab_pairs", "int", 5, "back-to-back baseline/candidate pairs before promotion", minimum=2),
         Field("min_speedup", "float", 1.02, "the lower bound of the speedup CI must clear this", minimum=1.0),
         Field(
+            "drift_tolerance",
+            "float",
+            0.15,
+            "how far (a fraction) the A/B's baseline runs may stray from the stored baseline, or 5x its "
+            "run-to-run CV if larger, before stats.speedup is unchecked; raise it on a machine shared with other work",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+        Field(
             "proposers",
             "choice_list",
             PROPOSERS,

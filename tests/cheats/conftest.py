@@ -17,7 +17,11 @@ def short_window(folder: Path) -> Path:
     contract = folder / "infrarsi.toml"
     text = contract.read_text()
     text = text.replace("warmup_steps  = 5", "warmup_steps  = 2").replace("measure_steps = 15", "measure_steps = 8")
-    assert "warmup_steps  = 2" in text and "measure_steps = 8" in text
+    # The corpus shares one baseline over a long suite on a shared 2-core machine, whose step
+    # time has wandered 17% in a minute: the drift net is widened here and tested on its own
+    # (tests/verifiers/test_stats.py, tests/verifiers/test_runner_clock.py).
+    text = text.replace("min_speedup       = 1.02", "min_speedup       = 1.02\ndrift_tolerance   = 0.4")
+    assert "warmup_steps  = 2" in text and "measure_steps = 8" in text and "drift_tolerance" in text
     contract.write_text(text)
     return contract
 

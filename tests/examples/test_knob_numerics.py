@@ -48,5 +48,4 @@ def test_every_pair_of_knob_values_trains_the_same_job():
     expected = sum(sizes[a] * sizes[b] for a, b in itertools.combinations(sorted(sizes), 2)) - 1
     assert report["pairs_covered"] == expected
     assert {r["knobs"]["compile"] for r in report["rows"]} == {"0"}
-    assert report["cliff"]["status"] == "oom", report["cliff"]
     assert all(r["status"] == "ok" for r in report["rows"])

@@ -107,6 +107,11 @@ def test_stored_baseline_drift_makes_the_speedup_unchecked():
     assert ok.status == "pass"
     assert baseline_drift([0.105] * 5, 0.10, 0.01) is None  # 5%: inside the floor
     assert baseline_drift([0.14] * 5, 0.10, 0.10) is None  # noisy baseline: 5 x CV allows it
+    # The contract's [search] drift_tolerance is the floor: 25% passes at 0.3, not at the default.
+    assert baseline_drift([0.125] * 5, 0.10, 0.01) is not None
+    assert baseline_drift([0.125] * 5, 0.10, 0.01, floor=0.3) is None
+    wide, _ = check_speedup([0.125] * 5, [0.06] * 5, 1.02, 5, stored=(0.10, 0.01), drift_floor=0.3)
+    assert wide.status == "pass"
 
 
 def test_timing_evidence_round_trips_through_stored_json():
