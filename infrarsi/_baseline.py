@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from infrarsi._selfcheck import self_check
 from infrarsi._workspace import open_workspace
 from infrarsi.contract import Candidate
-from infrarsi.errors import BaselineFailed
+from infrarsi.errors import BaselineFailed, BaselineRejected
 from infrarsi.runner import ExecutionResult, parse_receipts
 from infrarsi.verifiers import compare_param_grads, steps_from_lines
 
@@ -34,6 +35,7 @@ class BaselineSummary:
     knobs: dict
     reference_execution: int | None = None  # the run observed at every step (not timed)
     tokens_source: str | None = None  # "receipts" (counted in the job), "contract" (tokens_per_step), None
+    self_check: dict | None = None  # SelfCheck.to_json(): the baseline judged against its contract
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -84,7 +86,7 @@ def summarise(
     within = [
         statistics.stdev(t) / statistics.fmean(t)
         for t in ((r.evidence.get("timing") or {}).get("periods_s") for r in results)
-        if t and len(t) >= 2
+        if t and len(t) >= 2 and statistics.fmean(t) > 0  # steps the clock could not tell apart: no noise figure
     ]
     within_cv = statistics.median(within) if within else None
     # With one run, its own step-to-step noise is the best estimate there is.
@@ -161,12 +163,17 @@ def baseline(
     contract_path: str | Path = "infrarsi.toml",
     runs: int = 5,
     progress: Callable[[int, int, ExecutionResult], None] | None = None,
+    force: bool = False,
 ) -> BaselineSummary:
     """Run the original setup ``runs`` times, then once observed at every step; record every run, store the summary.
 
     The extra run (kind "baseline" in the same batch, its id in ``reference_execution``, not in
     ``executions``) gives each step's per-parameter gradient norms and operator dtypes, which
     the sampled steps of later runs are compared with. Jobs with ``log`` evidence have none.
+
+    The summary is then judged against the contract (`infrarsi._selfcheck`): with a problem
+    that would fail every candidate, it is not stored and ``BaselineRejected`` says what to
+    change, unless ``force``, which stores it with the problems in ``self_check``.
     """
     if runs < 1:
         from infrarsi.errors import UsageError
@@ -223,5 +230,10 @@ def baseline(
                 reference_spread=spread,
                 reference_execution=execution,
             )
+        checked = self_check(summary, results, ws.contract)
+        checked.forced = force and not checked.ok
+        summary = replace(summary, self_check=checked.to_json())
+        if not checked.ok and not force:
+            raise BaselineRejected(summary, checked.problems)
         ws.ledger.append_baseline(batch, summary.as_record())
     return summary

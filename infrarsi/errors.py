@@ -19,6 +19,7 @@ __all__ = [
     "PatchRejected",
     "SourceError",
     "BaselineFailed",
+    "BaselineRejected",
     "ApplyRefused",
     "ExecutionInterrupted",
     "USAGE_ERRORS",
@@ -72,6 +73,22 @@ class SourceError(ValueError):
 
 class BaselineFailed(Exception):
     """A baseline run did not finish with a complete measured window: nothing to compare against."""
+
+
+class BaselineRejected(BaselineFailed):
+    """The baseline ran but can't support verification (its self-check found problems): not stored.
+
+    ``summary`` is what was measured (its ``self_check`` holds the problems); every run is in the ledger.
+    """
+
+    def __init__(self, summary, problems: list):
+        self.summary = summary
+        self.problems = problems
+        lines = [f"  - {p.check} [{p.key or 'the script'}]: {p.message}" for p in problems]
+        super().__init__(
+            "the baseline can't support verification, so it is not stored as the reference "
+            "(`infrarsi baseline --force` stores it anyway, marked):\n" + "\n".join(lines)
+        )
 
 
 class ApplyRefused(Exception):

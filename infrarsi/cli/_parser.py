@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("baseline", help="measure the original setup N times")
     _common(p)
     p.add_argument("--runs", type=int, default=5, help="number of runs (default 5)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="store the baseline even when its self-check finds problems (marked; candidates will fail)",
+    )
 
     p = verbs.add_parser("run", help="one execution with knob settings and patches")
     _common(p)

@@ -33,12 +33,19 @@ def _cmd_init(args) -> int:
 
 def _cmd_baseline(args) -> int:
     from infrarsi._baseline import baseline
-    from infrarsi.errors import BaselineFailed
+    from infrarsi.errors import BaselineFailed, BaselineRejected
 
     bar = progress_bar(args, "baseline")
     try:
         with bar or nullcontext():
-            summary = baseline(args.contract, runs=args.runs, progress=bar.update if bar else None)
+            summary = baseline(args.contract, runs=args.runs, progress=bar.update if bar else None, force=args.force)
+    except BaselineRejected as exc:
+        print(f"infrarsi: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({**exc.summary.to_json(), "error": str(exc).splitlines()[0], **_self_check(exc.summary)}))
+        else:
+            print(_baseline_lines(exc.summary))
+        return EXIT_REJECTED
     except BaselineFailed as exc:
         print(f"infrarsi: baseline failed: {exc}", file=sys.stderr)
         if args.json:
@@ -56,21 +63,40 @@ def _cmd_baseline(args) -> int:
                 )
             )
         return EXIT_REJECTED
-    st = summary.step_time_s
-    human = "\n".join(
-        [
-            f"baseline over {summary.runs} run(s) (executions {summary.executions[0]}..{summary.executions[-1]})",
-            f"  step time   {st['median'] * 1e3:.2f} ms median, CV {pct(st['cv'])}, MAD {st['mad'] * 1e3:.3f} ms",
-            f"  within-run  CV {pct(summary.within_run_cv)}",
-            f"  tokens/s    {num(summary.tokens_per_s, '{:,.0f}')}" + _tokens_from(summary.tokens_source),
-            f"  peak memory {num(summary.peak_mem_mb, '{:.0f} MB')}",
-            f"  MFU         {pct(summary.mfu)}",
-            f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
-        ]
-        + _detectable(args.contract, st["cv"])
-    )
-    emit(args, summary.to_json(), human)
+    human = _baseline_lines(summary, _detectable(args.contract, summary.step_time_s["cv"]))
+    # A clean self-check keeps the DESIGN.md shape; a forced one says what it overrode.
+    forced = (summary.self_check or {}).get("forced")
+    emit(args, {**summary.to_json(), **(_self_check(summary) if forced else {})}, human)
     return EXIT_OK
+
+
+def _self_check(summary) -> dict:
+    return {"self_check": summary.self_check}
+
+
+def _baseline_lines(summary, detectable: list[str] = ()) -> str:
+    st = summary.step_time_s
+    lines = [
+        f"baseline over {summary.runs} run(s) (executions {summary.executions[0]}..{summary.executions[-1]})",
+        f"  step time   {st['median'] * 1e3:.2f} ms median, CV {pct(st['cv'])}, MAD {st['mad'] * 1e3:.3f} ms",
+        f"  within-run  CV {pct(summary.within_run_cv)}",
+        f"  tokens/s    {num(summary.tokens_per_s, '{:,.0f}')}" + _tokens_from(summary.tokens_source),
+        f"  peak memory {num(summary.peak_mem_mb, '{:.0f} MB')}",
+        f"  MFU         {pct(summary.mfu)}",
+        f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
+        *detectable,
+    ]
+    checked = summary.self_check or {}
+    problems, notes = checked.get("problems") or [], checked.get("notes") or []
+    if not problems:
+        lines.append("  self-check  passed: every required check has evidence and holds on the baseline itself")
+    elif checked.get("forced"):
+        lines.append(f"  self-check  {len(problems)} problem(s), stored anyway (--force): candidates will fail")
+    else:
+        lines.append(f"  self-check  {len(problems)} problem(s): NOT stored as the reference")
+    lines += [f"    problem: {p['check']} [{p['key'] or 'the script'}]: {p['message']}" for p in problems]
+    lines += [f"    note: {note}" for note in notes]
+    return "\n".join(lines)
 
 
 def _tokens_from(source: str | None) -> str:
