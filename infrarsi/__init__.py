@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute): loaded on first use.
 _LAZY = {
+    "draft": ("infrarsi._draft", "draft"),
     "init": ("infrarsi._init", "init"),
     "baseline": ("infrarsi._baseline", "baseline"),
     "run": ("infrarsi._run", "run"),

@@ -45,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"infrarsi {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
 
+    p = verbs.add_parser(
+        "draft",
+        help="write a commented infrarsi.toml for a script: `infrarsi draft -- python train.py ARGS...`",
+    )
+    p.add_argument("--out", default="infrarsi.toml", help="where to write it (default: beside the script)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing contract")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+
     p = verbs.add_parser("init", help="validate the contract, pin protected files, create key and ledger")
     _common(p)
     p.add_argument("--force", action="store_true", help="start a new ledger; the old state is archived")

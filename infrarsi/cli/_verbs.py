@@ -31,6 +31,21 @@ def _cmd_init(args) -> int:
     return EXIT_OK
 
 
+def _cmd_draft(args) -> int:
+    from infrarsi._draft import draft
+
+    result = draft(args.command, out=args.out, force=args.force)
+    lines = [f"drafted {result.contract} (arguments read as: {result.style}); what was guessed, and why:"]
+    lines += [f"  - {line}" for line in result.why]
+    lines += [f"  ! {note}" for note in result.notes]
+    off = [k.name for k in result.knobs if k.disabled]
+    if off:
+        lines.append(f"  commented out (they change precision): {', '.join(off)}")
+    lines.append(f"next: review it, then infrarsi init --contract {result.contract}")
+    emit(args, result.to_json(), "\n".join(lines))
+    return EXIT_OK
+
+
 def _cmd_baseline(args) -> int:
     from infrarsi._baseline import baseline
     from infrarsi.errors import BaselineFailed, BaselineRejected
@@ -368,6 +383,7 @@ COMMANDS = {
     "pack": _cmd_pack,
     "receipt": _cmd_receipt,
     "lint": _cmd_lint,
+    "draft": _cmd_draft,
     "audit": _cmd_audit,
     "report": _cmd_report,
     "apply": _cmd_apply,

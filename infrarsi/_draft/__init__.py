@@ -1,0 +1,132 @@
+"""`infrarsi draft -- python train.py ARGS...`: a commented contract for a script never seen before.
+
+The script is read with libcst, never run: its argument style, the well-known training
+settings it reads (the catalog), the local modules it imports. The draft proposes knobs with
+their real choices, guesses the scope (the script and its local modules editable; data, eval
+and config files protected), chooses ``evidence = "auto"`` with a window, and says what it
+guessed and why. `infrarsi init` then validates it as any contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from infrarsi._draft._catalog import Knob, propose
+from infrarsi._draft._reading import read_script
+from infrarsi._draft._render import render
+from infrarsi._draft._scope import guess_scope
+from infrarsi.errors import UsageError
+
+__all__ = ["Draft", "draft"]
+
+
+@dataclass
+class Draft:
+    contract: Path
+    style: str
+    command: list[str]
+    knobs: list[Knob]
+    editable: list[str]
+    protected: list[str]
+    why: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "contract": str(self.contract),
+            "style": self.style,
+            "command": self.command,
+            "knobs": {
+                k.name: {"choices": k.choices, "baseline": k.baseline, "enabled": not k.disabled, "why": k.why}
+                for k in self.knobs
+            },
+            "editable": self.editable,
+            "protected": self.protected,
+            "why": self.why,
+            "notes": self.notes,
+        }
+
+
+def _split_command(command: list[str]) -> tuple[list[str], Path, list[str]]:
+    """(interpreter words, the script, its arguments) of ``python [-u] train.py ARGS``."""
+    words = list(command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise UsageError("draft: no command given: expected `infrarsi draft -- python train.py ARGS...`")
+    head = []
+    if Path(words[0]).name.startswith("python"):
+        head.append("python")
+        words = words[1:]
+        while words and words[0].startswith("-") and words[0] != "-m":
+            head.append(words.pop(0))
+    if not words or words[0] == "-m" or not words[0].endswith(".py"):
+        raise UsageError(
+            f"draft: {' '.join(command)!r}: expected a Python script (`python train.py ARGS...`); "
+            "a module (`-m`) or another program can't be read"
+        )
+    return head or ["python"], Path(words[0]), words[1:]
+
+
+def _apply_config_files(facts, args: list[str]) -> None:
+    """A configurator script exec's the config files it is given over its globals: their literal
+    assignments are the values the run starts from (before any --key=value)."""
+    import ast
+
+    for arg in args:
+        path = facts.script.parent / arg
+        if arg.startswith("-") or not arg.endswith(".py") or not path.is_file():
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            facts.why.append(f"{arg}: not valid Python; its settings are not read")
+            continue
+        changed = []
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                setting = facts.settings.get(node.targets[0].id)
+                try:
+                    value = ast.literal_eval(node.value)
+                except (ValueError, SyntaxError, TypeError):
+                    continue
+                if setting is not None:
+                    setting.default, setting.origin = str(value), f"{arg} over globals"
+                    changed.append(setting.name)
+        if changed:
+            facts.why.append(f"{arg} (exec'd by the script) sets {', '.join(changed)}")
+
+
+def draft(command: list[str], out: str | Path = "infrarsi.toml", force: bool = False) -> Draft:
+    """Read the script of ``command`` and write a commented contract to ``out``.
+
+    The workspace is the script's folder; ``out`` is written there unless it is absolute or
+    names another folder. Refuses to overwrite ``out`` unless ``force``.
+    """
+    head, script_arg, args = _split_command(command)
+    script = script_arg.resolve()
+    if not script.is_file():
+        raise UsageError(f"draft: {script_arg}: no such script (expected a Python file to read)")
+    out = Path(out)
+    if not out.is_absolute() and out.parent == Path("."):
+        out = script.parent / out
+    if out.exists() and not force:
+        raise UsageError(f"draft: {out} exists; pass --force to overwrite it")
+    try:
+        facts = read_script(script)
+    except cst.ParserSyntaxError as exc:
+        raise UsageError(f"draft: {script}: not valid Python ({exc.message} at line {exc.raw_line})") from exc
+    if facts.style == "globals":
+        _apply_config_files(facts, args)
+    knobs, notes, consumed = propose(facts, args)
+    kept = [a for i, a in enumerate(args) if i not in consumed]
+    rel_script = script.relative_to(script.parent).as_posix()
+    task_command = [*head, rel_script, *kept]
+    editable, protected, scope_why = guess_scope(script, facts.local_imports, kept)
+    why = list(facts.why) + [k.why for k in knobs] + scope_why
+    result = Draft(out, facts.style, task_command, knobs, editable, protected, why, notes)
+    out.write_text(render(result, script.parent.name or "job"), encoding="utf-8")
+    return result
