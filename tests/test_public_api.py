@@ -85,7 +85,7 @@ def test_every_stage_runs_from_the_package_on_the_bundled_workload(tmp_path):
     one = run(contract, sets={"attention": "sdpa"})
     assert one.status == "ok" and one.step_time_s > 0
 
-    checked = verify(contract, sets={"attention": "sdpa"}, patches=["batched-heads"])
+    checked = verify(contract, sets={"attention": "sdpa"}, patches=["batched-heads"], pairs=3)
     assert checked.accepted, [c for c in checked.checks if c.status != "pass"]
     assert verify_receipt(checked.receipt).ok
 
