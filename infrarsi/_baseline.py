@@ -90,7 +90,8 @@ def summarise(
     ]
     within_cv = statistics.median(within) if within else None
     # With one run, its own step-to-step noise is the best estimate there is.
-    cv = statistics.stdev(medians) / statistics.fmean(medians) if len(medians) >= 2 else within_cv
+    mean = statistics.fmean(medians)
+    cv = statistics.stdev(medians) / mean if len(medians) >= 2 and mean > 0 else within_cv
     mad = statistics.median(abs(m - center) for m in medians)
     # Tokens: the receipts' own count (the probe's, or the autoprobe's inputs), else the contract's
     # `tokens_per_step`; which one is in `tokens_source`.
@@ -230,7 +231,8 @@ def baseline(
                 reference_spread=spread,
                 reference_execution=execution,
             )
-        checked = self_check(summary, results, ws.contract)
+        observed_grads = [observed_reference(r.receipts) for r in results] if observed else []
+        checked = self_check(summary, results, ws.contract, observed_grads)
         checked.forced = force and not checked.ok
         summary = replace(summary, self_check=checked.to_json())
         if not checked.ok and not force:

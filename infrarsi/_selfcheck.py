@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from infrarsi._policy import required_checks
 from infrarsi.runner import ExecutionResult
-from infrarsi.verifiers import BaselineReference, CheckResult, Rules, RunEvidence, judge_run
+from infrarsi.verifiers import BaselineReference, CheckResult, Rules, RunEvidence, compare_param_grads, judge_run
 
 __all__ = ["Problem", "SelfCheck", "self_check", "tolerance_that_holds"]
 
@@ -54,7 +54,7 @@ class SelfCheck:
 def tolerance_that_holds(spread: float) -> float:
     """A round tolerance (1, 2 or 5 x a power of ten) at least twice ``spread``: a candidate's run
     differs from the baseline's median by its own noise plus the median's."""
-    need = max(2.0 * spread, 1e-12)
+    need = max(2.0 * spread, 1e-12)  # finite: callers say so first
     power = 10.0 ** math.floor(math.log10(need))
     for step in (1.0, 2.0, 5.0, 10.0):
         if step * power >= need * (1 - 1e-9):
@@ -111,48 +111,84 @@ def _advice(check: CheckResult) -> tuple[str | None, str]:
             "the baseline is meant to run so, or stop the script enabling it (for TF32: "
             "torch.backends.cuda.matmul.allow_tf32, torch.set_float32_matmul_precision)",
         )
-    if check.id.startswith("numerics."):
-        return f"[numerics] {check.id.removeprefix('numerics.')}", check.detail
+    if check.id.startswith("numerics."):  # tolerances aside (judged on the spread), what fails is the evidence
+        what = check.id.removeprefix("numerics.")
+        return "[numerics] require", (
+            f"{check.detail}: the job must report {what} at every step of the window as a finite number, "
+            f"or drop {what!r} from the list"
+        )
     key, how = _ADVICE.get(check.id, (None, "every candidate would fail it too"))
     return key, f"{check.detail}: {how}"
 
 
-def _spread_problems(summary, contract) -> tuple[list[Problem], list[str]]:
-    problems, notes = [], []
+def _spread_problem(check: str, key: str, rtol: float, value: float, what: str) -> Problem:
+    if not math.isfinite(value):
+        return Problem(
+            check, key, f"the baseline's own runs give a {what} that is not a finite number: no tolerance would hold"
+        )
+    return Problem(
+        check,
+        key,
+        f"the baseline's own runs differ by {value:.2e} in their {what} (relative), above the tolerance "
+        f"{rtol:g}: honest candidates would fail {check}. {key.split()[-1]} = {tolerance_that_holds(value):g} "
+        "would hold; or make the job deterministic (seeds, deterministic kernels, a fixed data order)",
+    )
+
+
+def _trajectory_problems(summary, contract) -> list[Problem]:
+    problems = []
     spread = summary.reference_spread or {}
     numerics = contract.numerics
-    limits = (
-        ("loss", "numerics.loss", float(numerics.loss_rtol), spread.get("loss"), "loss"),
-        ("grad_norm", "numerics.grad_norm", float(numerics.grad_norm_rtol), spread.get("grad_norm"), "grad-norm"),
-        (
-            "grad_norm",
-            "numerics.grad_norm",
-            float(numerics.grad_norm_rtol),
-            spread.get("param_grad_norms"),
-            "per-parameter gradient-norm",
-        ),
-    )
-    for need, check, rtol, value, what in limits:
-        if value is None or need not in numerics.require or value <= rtol:
+    for need, rtol, what in (("loss", numerics.loss_rtol, "loss"), ("grad_norm", numerics.grad_norm_rtol, "grad-norm")):
+        value = spread.get(need)
+        if value is None or need not in numerics.require or value <= float(rtol):
             continue
         key = "[numerics] loss_rtol" if need == "loss" else "[numerics] grad_norm_rtol"
-        problems.append(
-            Problem(
-                check,
+        problems.append(_spread_problem(f"numerics.{need}", key, float(rtol), value, what))
+    return problems
+
+
+def _grads_hold(observed: list[dict], reference: dict, rtol: float) -> bool:
+    """Every timed run's sampled per-parameter gradient norms within ``rtol`` of the reference
+    run's, judged exactly as a candidate's are (with the same floor for near-zero gradients)."""
+    norms, rows = reference.get("param_grad_norms") or {}, reference.get("param_grad_min_rows") or {}
+    for run in observed:
+        for step, grads in (run.get("param_grad_norms") or {}).items():
+            if step in norms:
+                mins = (run.get("param_grad_min_rows") or {}).get(step)
+                problem, _, _ = compare_param_grads(grads, norms[step], rtol, mins, rows.get(step))
+                if problem:
+                    return False
+    return True
+
+
+def _param_grad_problem(summary, contract, observed: list[dict]) -> Problem | None:
+    rtol = float(contract.numerics.grad_norm_rtol)
+    if "grad_norm" not in contract.numerics.require or _grads_hold(observed, summary.reference, rtol):
+        return None
+    key = "[numerics] grad_norm_rtol"
+    for tolerance in (tolerance_that_holds(rtol * f / 2) for f in (2, 5, 10, 20, 50, 100, 200, 500, 1000)):
+        if tolerance > rtol and _grads_hold(observed, summary.reference, tolerance):
+            return Problem(
+                "numerics.grad_norm",
                 key,
-                f"the baseline's own runs differ by {value:.2e} in their {what} (relative), above the "
-                f"tolerance {rtol:g}: honest candidates would fail {check}. {key.split()[-1]} = "
-                f"{tolerance_that_holds(value):g} would hold; or make the job deterministic (seeds, "
-                "deterministic kernels, a fixed data order)",
+                f"the baseline's own runs differ in their per-parameter gradient norms at sampled steps beyond "
+                f"the tolerance {rtol:g}: honest candidates would fail numerics.grad_norm. grad_norm_rtol = "
+                f"{tolerance:g} would hold; or make the job deterministic (seeds, deterministic kernels)",
             )
-        )
-    if summary.runs < 2:
-        notes.append("one timed run shows no run-to-run spread: the loss tolerance is unchecked against noise")
-    return problems, notes
+    return Problem(
+        "numerics.grad_norm",
+        key,
+        f"the baseline's own runs differ in their per-parameter gradient norms at sampled steps by more than "
+        f"any tolerance up to {tolerance_that_holds(rtol * 500):g}: the job is not reproducible run to run",
+    )
 
 
-def self_check(summary, results: list[ExecutionResult], contract) -> SelfCheck:
+def self_check(summary, results: list[ExecutionResult], contract, observed: list[dict] = ()) -> SelfCheck:
     """Judge the baseline's timed runs as candidates against the reference they make.
+
+    ``observed``: each timed run's sampled per-parameter gradients (`observed_reference`), held
+    against the reference run's.
 
     Required checks that fail or lack evidence are problems; others are notes, as is a missing
     token count (tokens/s and MFU are lost, not the verification).
@@ -177,9 +213,12 @@ def self_check(summary, results: list[ExecutionResult], contract) -> SelfCheck:
                 found.problems.append(Problem(check.id, key, message))
             else:
                 found.notes.append(f"{check.id} ({check.status}, not required): {message}")
-    problems, notes = _spread_problems(summary, contract)
+    problems = _trajectory_problems(summary, contract)
+    grads = _param_grad_problem(summary, contract, list(observed))
+    problems += [grads] if grads and not any(p.check == grads.check for p in problems) else []
     found.problems += [p for p in problems if p.check not in seen]
-    found.notes += notes
+    if summary.runs < 2:
+        found.notes.append("one timed run shows no run-to-run spread: the loss tolerance is unchecked against noise")
     if summary.tokens_per_step is None:
         found.notes.append(
             "no token count: tokens/s and MFU are not reported (set [task] tokens_per_step, or let the job's "

@@ -123,3 +123,20 @@ def test_loss_spread_above_tolerance_says_which_tolerance_would_hold_and_force_s
 def test_the_tolerance_that_holds_is_round_and_at_least_twice_the_spread(spread, expected):
     assert tolerance_that_holds(spread) == pytest.approx(expected)
     assert tolerance_that_holds(spread) >= 2 * spread
+
+
+def test_a_spread_that_is_not_finite_is_a_problem_without_a_suggestion():
+    from infrarsi._selfcheck import _spread_problem
+
+    problem = _spread_problem("numerics.loss", "[numerics] loss_rtol", 1e-3, float("inf"), "loss")
+    assert "not a finite number" in problem.message and "=" not in problem.message
+
+
+def test_per_parameter_spread_is_judged_with_the_candidates_floor_for_near_zero_gradients():
+    from infrarsi._selfcheck import _grads_hold
+
+    reference = {"param_grad_norms": {"3": {"w": 1.0, "b": 3e-9}}, "param_grad_min_rows": {}}
+    # b's gradient is mathematically zero (run-to-run 1e-9 vs 3e-9): a candidate passes, so must the baseline.
+    assert _grads_hold([{"param_grad_norms": {"3": {"w": 1.0, "b": 1e-9}}}], reference, 1e-2)
+    assert not _grads_hold([{"param_grad_norms": {"3": {"w": 1.5, "b": 1e-9}}}], reference, 1e-2)
+    assert _grads_hold([{"param_grad_norms": {"3": {"w": 1.5, "b": 1e-9}}}], reference, 1.0)

@@ -199,3 +199,128 @@ def test_any_source_text_gives_a_contract_or_a_usage_error(tmp_path, source):
     except UsageError:
         return
     load_contract(result.contract)  # whatever it found, the contract it wrote is valid
+
+
+def _script(tmp_path: Path, source: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_a_bare_hf_bool_flag_is_true_and_takes_no_value(tmp_path):
+    script = _script(tmp_path, "from transformers import HfArgumentParser\nHfArgumentParser(()).parse_args()\n")
+    result = draft(["python", str(script), "--gradient_checkpointing", "--output_dir", "out"])
+    knobs = {k.name: k for k in result.knobs}
+    assert knobs["checkpointing"].baseline == "True"
+    assert result.command == ["python", "train.py", "--output_dir", "out"]
+
+
+def test_training_arguments_built_in_code_are_not_command_line_knobs(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import argparse
+        from transformers import Trainer, TrainingArguments
+        p = argparse.ArgumentParser()
+        p.add_argument("-b", "--batch-size", type=int, default=8)
+        p.add_argument("--checkpoint", type=str, default=None, help="resume from here")
+        p.add_argument("--optim", default="adam")
+        p.add_argument("--compile", action="store_const", const=True)
+        args = p.parse_args()
+        TrainingArguments(per_device_train_batch_size=args.batch_size, output_dir="out")
+        """,
+    )
+    result = draft(["python", str(script), "-b", "32", "--checkpoint", "ckpt.pt"])
+    assert result.style == "argparse"
+    names = {k.name for k in result.knobs}
+    assert names.isdisjoint({"checkpointing", "optimizer", "compile", "micro_batch"}), result.knobs
+    # The short option is the script's batch size: left in the command, as given.
+    assert result.command == ["python", "train.py", "-b", "32", "--checkpoint", "ckpt.pt"]
+
+
+def test_environment_variables_are_knobs_by_their_last_words_and_only_as_switches(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import os
+        a = os.environ.get("CHECKPOINT_DIR", "/tmp")
+        b = os.environ.get("ATTENTION_DROPOUT", 0)
+        c = os.environ.get("MY_COMPILE", "0")
+        d = os.environ.get("DATALOADER_WORKERS", "4")
+        """,
+    )
+    result = draft(["python", str(script)])
+    assert [(k.name, k.option, k.choices) for k in result.knobs] == [("compile", "MY_COMPILE", ["0", "1"])]
+
+
+def test_short_options_and_interpreter_options_are_understood(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("-a", "--attention", choices=["math", "flash"], default="math")
+        p.add_argument("-w", "--num-workers", default="auto")
+        p.parse_args()
+        """,
+    )
+    result = draft(["python", "-W", "ignore", str(script), "-a", "flash", "-w", "auto"])
+    knobs = {k.name: k for k in result.knobs}
+    assert knobs["attention"].baseline == "flash" and "workers" not in knobs
+    assert result.command == ["python", "-W", "ignore", "train.py", "-w", "auto"]
+    init(result.contract)
+
+
+def test_odd_arguments_file_names_and_encodings_still_give_a_valid_contract(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "loader.py").write_text("def load():\n    return []\n")
+    (tmp_path / "outside.txt").write_text("x")
+    script = tmp_path / "train.py"
+    script.write_bytes(
+        "# -*- coding: latin-1 -*-\nimport argparse\nfrom data.loader import load\nname = 'caf\xe9'\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--attention', default='eager')\np.parse_args()\n".encode(
+            "latin-1"
+        )
+    )
+    args = ["--attention", "a\nb \U0001f600", str(tmp_path / "outside.txt"), "../elsewhere.txt", "--tag=\x7f"]
+    result = draft(["python", str(script), *args])
+    contract = load_contract(result.contract)
+    assert contract.knobs["attention"].baseline == "a\nb \U0001f600"
+    assert "data/loader.py" not in result.editable and "data/**" in result.protected
+    init(result.contract)
+
+
+@pytest.mark.parametrize(
+    ("out", "expected"),
+    [("sub/x.toml", "beside the script"), ("train.py", "expected a .toml"), ("folder.toml", "is a folder")],
+)
+def test_the_output_path_is_a_new_toml_file_beside_the_script(tmp_path, out, expected):
+    script = _script(tmp_path, "print('hi')\n")
+    (tmp_path / "folder.toml").mkdir()
+    with pytest.raises(UsageError, match=expected):
+        draft(["python", str(script)], out=tmp_path / out, force=True)
+    assert script.read_text() == "print('hi')\n"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(["--batch_size", "--gradient_accumulation_steps", "--compile", "-b", "--attention"]),
+            st.text(max_size=12),
+        ),
+        max_size=8,
+    )
+)
+def test_any_arguments_give_a_contract_or_a_usage_error(tmp_path, args):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('-b', '--batch_size', type=int, default=8)\n"
+        "p.add_argument('--gradient_accumulation_steps', type=int, default=2)\n"
+        "p.add_argument('--compile', action='store_true')\np.add_argument('--attention', default='eager')\n"
+    )
+    try:
+        result = draft(["python", str(script), *args], out=tmp_path / "drafted.toml", force=True)
+    except UsageError:
+        return
+    load_contract(result.contract)

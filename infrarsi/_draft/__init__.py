@@ -19,6 +19,7 @@ from infrarsi._draft._reading import read_script
 from infrarsi._draft._render import render
 from infrarsi._draft._scope import guess_scope
 from infrarsi.errors import UsageError
+from infrarsi.runner import OPTIONS_WITH_VALUE
 
 __all__ = ["Draft", "draft"]
 
@@ -26,6 +27,7 @@ __all__ = ["Draft", "draft"]
 @dataclass
 class Draft:
     contract: Path
+    script: str  # relative to the workspace
     style: str
     command: list[str]
     knobs: list[Knob]
@@ -62,13 +64,35 @@ def _split_command(command: list[str]) -> tuple[list[str], Path, list[str]]:
         head.append("python")
         words = words[1:]
         while words and words[0].startswith("-") and words[0] != "-m":
-            head.append(words.pop(0))
+            option = words.pop(0)
+            head.append(option)
+            if option in OPTIONS_WITH_VALUE and words:
+                head.append(words.pop(0))
     if not words or words[0] == "-m" or not words[0].endswith(".py"):
         raise UsageError(
             f"draft: {' '.join(command)!r}: expected a Python script (`python train.py ARGS...`); "
             "a module (`-m`) or another program can't be read"
         )
     return head or ["python"], Path(words[0]), words[1:]
+
+
+def _output_path(out: Path, script: Path, force: bool) -> Path:
+    """Where the contract goes: in the script's folder (the workspace), never over a source file."""
+    if not out.is_absolute() and out.parent == Path("."):
+        out = script.parent / out
+    out = out.resolve()
+    if out.parent != script.parent:
+        raise UsageError(
+            f"draft: --out {out}: the contract must be written beside the script ({script.parent}), "
+            "whose folder is the workspace its command and scope are relative to"
+        )
+    if out.is_dir():
+        raise UsageError(f"draft: --out {out} is a folder; expected a file name such as infrarsi.toml")
+    if out.suffix != ".toml":
+        raise UsageError(f"draft: --out {out.name}: expected a .toml file name")
+    if out.exists() and not force:
+        raise UsageError(f"draft: {out} exists; pass --force to overwrite it")
+    return out
 
 
 def _apply_config_files(facts, args: list[str]) -> None:
@@ -81,8 +105,8 @@ def _apply_config_files(facts, args: list[str]) -> None:
         if arg.startswith("-") or not arg.endswith(".py") or not path.is_file():
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except SyntaxError:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             facts.why.append(f"{arg}: not valid Python; its settings are not read")
             continue
         changed = []
@@ -93,7 +117,7 @@ def _apply_config_files(facts, args: list[str]) -> None:
                     value = ast.literal_eval(node.value)
                 except (ValueError, SyntaxError, TypeError):
                     continue
-                if setting is not None:
+                if setting is not None and isinstance(value, (bool, int, float, str)):
                     setting.default, setting.origin = str(value), f"{arg} over globals"
                     changed.append(setting.name)
         if changed:
@@ -106,19 +130,19 @@ def draft(command: list[str], out: str | Path = "infrarsi.toml", force: bool = F
     The workspace is the script's folder; ``out`` is written there unless it is absolute or
     names another folder. Refuses to overwrite ``out`` unless ``force``.
     """
+    if any(0xD800 <= ord(ch) <= 0xDFFF for word in command for ch in word):
+        raise UsageError("draft: the command has bytes that are not text (undecodable file names)")
     head, script_arg, args = _split_command(command)
     script = script_arg.resolve()
     if not script.is_file():
         raise UsageError(f"draft: {script_arg}: no such script (expected a Python file to read)")
-    out = Path(out)
-    if not out.is_absolute() and out.parent == Path("."):
-        out = script.parent / out
-    if out.exists() and not force:
-        raise UsageError(f"draft: {out} exists; pass --force to overwrite it")
+    out = _output_path(Path(out), script, force)
     try:
         facts = read_script(script)
     except cst.ParserSyntaxError as exc:
         raise UsageError(f"draft: {script}: not valid Python ({exc.message} at line {exc.raw_line})") from exc
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
+        raise UsageError(f"draft: {script}: can't be read as Python source ({exc})") from exc
     if facts.style == "globals":
         _apply_config_files(facts, args)
     knobs, notes, consumed = propose(facts, args)
@@ -127,6 +151,6 @@ def draft(command: list[str], out: str | Path = "infrarsi.toml", force: bool = F
     task_command = [*head, rel_script, *kept]
     editable, protected, scope_why = guess_scope(script, facts.local_imports, kept)
     why = list(facts.why) + [k.why for k in knobs] + scope_why
-    result = Draft(out, facts.style, task_command, knobs, editable, protected, why, notes)
+    result = Draft(out, rel_script, facts.style, task_command, knobs, editable, protected, why, notes)
     out.write_text(render(result, script.parent.name or "job"), encoding="utf-8")
     return result

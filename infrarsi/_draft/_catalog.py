@@ -8,6 +8,7 @@ accumulation is one knob at the script's global batch. Settings that change prec
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from infrarsi._draft._reading import ScriptFacts, Setting
@@ -48,6 +49,7 @@ CATALOG: dict[str, tuple[frozenset[str], str]] = {
     "tf32": (frozenset({"tf32", "allow_tf32", "use_tf32"}), "TF32 matmuls"),
 }
 PRECISION_CHANGING = {"tf32": "tf32", "liger": "bf16"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # the contract's rule for a variable's name
 BATCH = ("per_device_train_batch_size", "micro_batch_size", "batch_size", "train_batch_size", "micro_batch")
 ACCUMULATION = (
     "gradient_accumulation_steps",
@@ -80,22 +82,30 @@ def _normal(name: str) -> str:
 
 
 def given_value(args: list[str], setting: Setting) -> tuple[str | None, list[int]]:
-    """The value ``args`` give ``setting`` (last one wins) and the indexes of the args that give it."""
+    """The value ``args`` give ``setting`` (last one wins) and the indexes of the args that give it.
+
+    A flag of a bool setting given bare (``--gradient_checkpointing``, as HfArgumentParser
+    allows) is ``True``; a flag's value is the next argument only when that is not an option.
+    """
     value, used = None, []
-    option = setting.option
+    spellings = (setting.option, *setting.aliases)
     for i, arg in enumerate(args):
         if setting.form == "override":
-            if arg.lstrip("+").partition("=")[0] == option:
+            if arg.lstrip("+").partition("=")[0] == setting.option:
                 value, used = arg.partition("=")[2], [i]
         elif setting.form == "switch":
-            if arg == option:
+            if arg in spellings:
                 value, used = "True", [i]
             elif setting.negation and arg == setting.negation:
                 value, used = "False", [i]
-        elif arg.startswith(option + "="):
+        elif any(arg.startswith(spelling + "=") for spelling in spellings if spelling.startswith("--")):
             value, used = arg.partition("=")[2], [i]
-        elif arg == option and setting.form == "flag" and i + 1 < len(args):
-            value, used = args[i + 1], [i, i + 1]
+        elif arg in spellings and setting.form == "flag":
+            following = args[i + 1] if i + 1 < len(args) else None
+            if following is not None and not following.startswith("-"):
+                value, used = following, [i, i + 1]
+            elif setting.kind == "bool":
+                value, used = "True", [i]
     return value, used
 
 
@@ -114,27 +124,34 @@ def _truthy(value: str | None) -> bool:
 
 
 def _catalog_knob(name: str, setting: Setting, current: str | None) -> Knob | None:
+    """The knob for one catalog setting, or None where its values can't be told from the source."""
     what = CATALOG[name][1]
     form = setting.form
     knob = Knob(name, form, setting.option, negation=setting.negation, consumes=[setting.name])
     where = f"{setting.origin} {setting.option}" + (f" (line {setting.line})" if setting.line else "")
+    bool_like = name in ("checkpointing", "compile", "liger", "tf32") or _normal(setting.name) in ("fused", "foreach")
     if setting.choices and form != "switch":
-        knob.choices, knob.baseline = list(setting.choices), current or setting.choices[0]
+        knob.choices, knob.baseline = list(dict.fromkeys(setting.choices)), current or setting.choices[0]
     elif name == "optimizer" and _normal(setting.name) == "optim":
+        if setting.origin != "TrainingArguments":
+            return None  # a script's own --optim: its values are its own
         knob.choices = ["adamw_torch", "adamw_torch_fused"]
         knob.baseline = current or "adamw_torch"
-    elif setting.kind == "bool" or form in ("switch", "env") or name in ("checkpointing", "compile", "liger", "tf32"):
-        if form == "env" and current not in (None, "0", "1"):
-            return None
+    elif form == "switch" or (setting.kind == "bool" and form != "env"):
         knob.choices, knob.baseline = _bool_choices(form, _truthy(current))
-    elif name == "attention":
+    elif bool_like and (form == "env" or setting.kind == "int") and str(current) in ("0", "1"):
+        knob.choices, knob.baseline = ["0", "1"], str(current)
+    elif name == "attention" and setting.kind == "str" and form != "env":
         if current is None and _normal(setting.name) != "attn_implementation":
             return None
         base = current or "eager"
         knob.choices = [base] + [c for c in ("eager", "sdpa") if c != base and (c == "sdpa" or base == "eager")]
         knob.baseline = base
-    elif name == "workers" and setting.kind == "int":
-        base = int(current or 0)
+    elif name == "workers" and setting.kind == "int" and form != "env":
+        try:
+            base = int(current if current is not None else 0)
+        except ValueError:
+            return None
         knob.choices, knob.baseline = [str(v) for v in sorted({base, 2, 4})], str(base)
     else:
         return None
@@ -147,6 +164,17 @@ def _catalog_knob(name: str, setting: Setting, current: str | None) -> Knob | No
             f'"{PRECISION_CHANGING[name]}" in [numerics] precision and uncomment'
         )
     return knob
+
+
+def _matches(knob_names: frozenset[str], name: str, setting: Setting) -> bool:
+    """A setting is a catalog entry by its own name; an environment variable by its last words
+    (``TINYGPT_COMPILE`` is ``compile``; ``CHECKPOINT_DIR`` is not checkpointing)."""
+    if setting.form != "env":
+        return _normal(name) in knob_names
+    if not _ENV_NAME.match(setting.option) or setting.option.startswith("INFRARSI_"):
+        return False
+    words = setting.option.lower().split("_")
+    return any("_".join(words[-k:]) in knob_names for k in range(1, min(3, len(words)) + 1))
 
 
 def _set_args(setting: Setting, value: int) -> list[str]:

@@ -35,6 +35,7 @@ class Setting:
     negation: str | None = None
     line: int | None = None
     origin: str = ""  # where it was read: "argparse", "TrainingArguments", "globals", "hydra", "environment"
+    aliases: tuple[str, ...] = ()  # other spellings of the option (argparse's short forms)
 
 
 @dataclass
@@ -60,7 +61,10 @@ def _literal(node: cst.BaseExpression | None) -> object:
 def _text(value: object) -> str | None:
     if value is None:
         return None
-    return str(value)
+    try:
+        return str(value)
+    except ValueError:  # an integer too long to print
+        return None
 
 
 def _kind(value: object, type_name: str | None = None) -> str:
@@ -164,9 +168,8 @@ class _Reader(cst.CSTVisitor):
             module = _name(node.module)
             self.imports.append(module)
             if module.startswith("transformers") and not isinstance(node.names, cst.ImportStar):
-                names = {_name(a.name) for a in node.names}
-                if names & {"HfArgumentParser", "TrainingArguments", "Trainer"}:
-                    self._mark("hf", node)
+                if "HfArgumentParser" in {_name(a.name) for a in node.names}:
+                    self._mark("hf_import", node)
         elif node.module is not None:
             self.imports.append(_name(node.module))
 
@@ -174,7 +177,7 @@ class _Reader(cst.CSTVisitor):
         func = _name(node.func)
         if func.endswith("ArgumentParser") and not func.endswith("HfArgumentParser"):
             self._mark("argparse", node)
-        if func.endswith("HfArgumentParser") or func.endswith("TrainingArguments"):
+        if func.endswith("HfArgumentParser"):
             self._mark("hf", node)
         if func in ("exec", "execfile"):
             self._mark("exec", node)
@@ -205,6 +208,7 @@ class _Reader(cst.CSTVisitor):
         if not options:
             return
         longs = [o for o in options if o.startswith("--")] or options
+        aliases = tuple(o for o in options if o != longs[0])
         kw = _kwargs(call)
         dest = _literal(kw.get("dest")) or longs[0].lstrip("-").replace("-", "_")
         default = _literal(kw.get("default"))
@@ -229,8 +233,11 @@ class _Reader(cst.CSTVisitor):
                     negation,
                     line,
                     "argparse",
+                    aliases,
                 )
             )
+            return
+        if "action" in kw:  # store_const, count, append: no value to choose
             return
         self.arguments.append(
             Setting(
@@ -242,6 +249,7 @@ class _Reader(cst.CSTVisitor):
                 tuple(str(c) for c in choices) if isinstance(choices, (list, tuple)) else (),
                 line=line,
                 origin="argparse",
+                aliases=aliases,
             )
         )
 
@@ -259,15 +267,22 @@ def _local_modules(script: Path, imports: list[str]) -> list[str]:
 
 
 def read_script(script: Path) -> ScriptFacts:
-    """Parse ``script`` (libcst) and say how it reads its settings. Raises ``cst.ParserSyntaxError``."""
-    module = cst.parse_module(script.read_text(encoding="utf-8"))
+    """Parse ``script`` (libcst) and say how it reads its settings.
+
+    Raises ``SyntaxError`` (``ast`` first: its parser has limits libcst's native one lacks),
+    ``ValueError``/``RecursionError``/``MemoryError`` for source neither can take, and
+    ``cst.ParserSyntaxError``.
+    """
+    source = script.read_bytes()
+    ast.parse(source)  # honours a coding declaration; deep nesting is a SyntaxError here, not a crash
+    module = cst.parse_module(source)
     reader = _Reader()
     MetadataWrapper(module).visit(reader)
     marks = reader.marks
     facts = ScriptFacts(script, "plain", local_imports=_local_modules(script, reader.imports))
     if "hf" in marks:
         facts.style = "hf"
-        facts.why.append(f"Hugging Face arguments (HfArgumentParser / TrainingArguments at line {marks['hf']})")
+        facts.why.append(f"Hugging Face arguments (HfArgumentParser at line {marks['hf']})")
         for name, (value, annotation, line) in reader.dataclass_fields.items():
             facts.settings[name] = Setting(
                 name, f"--{name}", "flag", _text(value), _kind(value, annotation), line=line, origin="dataclass"
@@ -307,7 +322,7 @@ def read_hydra_config(script: Path, config: tuple[str, str]) -> dict[str, Settin
         return {}
     settings: dict[str, Setting] = {}
     stack: list[tuple[int, str]] = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, raw in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         text = raw.split(" #", 1)[0].rstrip()
         if not text.strip() or text.lstrip().startswith(("#", "-")) or ":" not in text:
             continue

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from infrarsi._draft._catalog import Knob
@@ -11,7 +10,22 @@ __all__ = ["render"]
 
 
 def _string(value: str) -> str:
-    return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    """A TOML basic string: quotes, backslashes and control characters escaped, the rest as is
+    (JSON's escapes would write a character beyond the BMP as a surrogate pair, which TOML refuses)."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _comment(text: str) -> str:
+    """Text that stays on one comment line."""
+    return "".join(" " if ord(ch) < 0x20 or ord(ch) == 0x7F else ch for ch in text)
 
 
 def _strings(values: list[str]) -> str:
@@ -19,7 +33,7 @@ def _strings(values: list[str]) -> str:
 
 
 def _knob(knob: Knob) -> list[str]:
-    lines = [f"[knobs.{knob.name}]" + (f"  # {knob.why}" if knob.why else "")]
+    lines = [f"[knobs.{knob.name}]" + (f"  # {_comment(knob.why)}" if knob.why else "")]
     if knob.form == "set":
         lines += [f"choices  = {_strings(knob.choices)}", f"baseline = {_string(knob.baseline)}"]
         lines += [f"set.{_string(c)} = {{ args = {_strings(knob.sets[c])} }}" for c in knob.choices]
@@ -32,7 +46,7 @@ def _knob(knob: Knob) -> list[str]:
             lines.append(f"negation = {_string(knob.negation)}")
         lines += [f"choices  = {_strings(knob.choices)}", f"baseline = {_string(knob.baseline)}"]
     if knob.disabled:
-        return [f"# {knob.disabled}"] + [f"# {line}" for line in lines]
+        return [f"# {_comment(knob.disabled)}"] + [f"# {line}" for line in lines]
     return lines
 
 
@@ -40,11 +54,11 @@ def render(draft, name: str) -> str:
     """The contract text of ``draft`` (an `infrarsi._draft.Draft`)."""
     task_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "job"
     out = [
-        f"# Drafted by `infrarsi draft` from {draft.command[1] if len(draft.command) > 1 else draft.command[0]} "
+        f"# Drafted by `infrarsi draft` from {_comment(draft.script)} "
         f"(arguments read as: {draft.style}). Review every line, then run `infrarsi init`.",
         "# What was guessed, and why:",
-        *[f"#   - {line}" for line in draft.why],
-        *[f"#   ! {note}" for note in draft.notes],
+        *[f"#   - {_comment(line)}" for line in draft.why],
+        *[f"#   ! {_comment(note)}" for note in draft.notes],
         "",
         "[task]",
         f"name = {_string(task_name)}",

@@ -24,7 +24,10 @@ def guess_scope(script: Path, local_modules: list[str], args: list[str]) -> tupl
     protected, and so are config files the command line names."""
     root = script.parent
     editable, protected, why = [script.name], [], []
+    pinned_folders = {f for f in (*DATA_FOLDERS, *CONFIG_FOLDERS) if (root / f).is_dir()}
     for module in local_modules:
+        if Path(module).parts[0] in pinned_folders:
+            continue  # under a protected folder: pinned with it, never editable
         if _is_eval(module) or Path(module).stem.lower() in ("data", "dataset", "datasets"):
             protected.append(module)
         elif module not in editable:
@@ -37,15 +40,17 @@ def guess_scope(script: Path, local_modules: list[str], args: list[str]) -> tupl
         if (root / folder).is_dir():
             protected.append(f"{folder}/**")
     for path in sorted(root.iterdir()):
-        if path.name in SKIPPED or path.is_dir() or path == script:
+        if path.name in SKIPPED or path.is_dir() or path == script or any(c in path.name for c in "*?[]{}!"):
             continue
         rel = path.name
         if path.suffix in DATA_SUFFIXES + CONFIG_SUFFIXES or (path.suffix == ".py" and _is_eval(rel)):
             protected.append(rel)
-    for arg in args:  # config files on the command line (exec'd, or read as YAML)
-        candidate = root / arg
-        if not arg.startswith("-") and "=" not in arg and candidate.is_file():
-            rel = candidate.relative_to(root).as_posix()
+    for arg in args:  # config files on the command line (exec'd, or read as YAML) inside the workspace
+        candidate = (root / arg).resolve()
+        if arg.startswith("-") or "=" in arg or not candidate.is_file() or not candidate.is_relative_to(root):
+            continue
+        rel = candidate.relative_to(root).as_posix()
+        if rel not in editable and not any(c in rel for c in "*?[]{}!"):
             if not any(rel.startswith(p.removesuffix("**")) for p in protected if p.endswith("/**")):
                 protected.append(rel)
     protected = list(dict.fromkeys(p for p in protected if p not in editable))

@@ -28,7 +28,15 @@ from infrarsi.runner._sandbox import make_sandbox
 from infrarsi.runner._sources import pre_images
 from infrarsi.verifiers import RunEvidence, region_share, window_periods
 
-__all__ = ["ExecutionResult", "Executor", "LocalExecutor", "build_argv", "SAMPLED_STEPS", "sampling_plan"]
+__all__ = [
+    "ExecutionResult",
+    "Executor",
+    "LocalExecutor",
+    "build_argv",
+    "OPTIONS_WITH_VALUE",
+    "SAMPLED_STEPS",
+    "sampling_plan",
+]
 
 
 @dataclass
@@ -48,7 +56,7 @@ class ExecutionResult:
 
 
 # Python's options that take the next word as their value (`-c` and `-m` end the options).
-_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})  # the interpreter's, before a script
 
 
 # Steps of each run at which the job's probe records the dtypes operators ran in and the
@@ -82,7 +90,7 @@ def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dic
             # Only the contract's own command is scanned: the knob flags come after the script.
             at, end = 1, len(contract.task.command)
             while at < end and command[at].startswith("-") and command[at] != "-":
-                at += 2 if command[at] in _OPTIONS_WITH_VALUE else 1
+                at += 2 if command[at] in OPTIONS_WITH_VALUE else 1
             command[at:at] = ["-m", "infrarsi.autoprobe"]
     return command, env
 
