@@ -21,7 +21,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_real_speed_patch_is_accepted_with_a_receipt_that_detects_any_byte_change(tinygpt_workspace, tmp_path):
     proc = _cli(
-        "verify", "--contract", str(tinygpt_workspace), "--set", "attention=sdpa", "--patch", "batched-heads", "--json"
+        "verify",
+        "--contract",
+        str(tinygpt_workspace),
+        "--set",
+        "attention=sdpa",
+        "--patch",
+        "batched-heads",
+        "--pairs",
+        "3",
+        "--json",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
@@ -52,7 +61,7 @@ def test_real_speed_patch_is_accepted_with_a_receipt_that_detects_any_byte_chang
     with Ledger.open(tinygpt_workspace.parent / ".infrarsi" / "ledger.db") as ledger:
         assert ledger.verify_chain().ok
         batch = [r for r in ledger.executions() if r["id"] in json.loads(receipt.read_text())["receipt"]["executions"]]
-        assert len(batch) == 1 + 2 * 5
+        assert len(batch) == 1 + 2 * 3  # the candidate run, then 3 A/B pairs
         assert all(r["verdicts"] and r["rule_version"] for r in batch)
 
 
