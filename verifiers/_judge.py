@@ -15,7 +15,9 @@ __all__ = ["Rules", "judge_run", "RULE_VERSION"]
 
 # Bumped whenever a verifier's judgement can change for the same evidence; stored with
 # every verdict so `infrarsi audit` can say which rule version gave it.
-RULE_VERSION = "verifiers-2"  # 2: operator dtypes and per-parameter gradient norms at sampled steps
+# 2: operator dtypes and per-parameter gradient norms at sampled steps; 3: a warm-up step's tokens may be
+# uncounted (None), as its time may be
+RULE_VERSION = "verifiers-3"
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,9 @@ def check_window(run: RunEvidence, warmup: int, measure: int, baseline_tokens: i
         if t1 < t0 or (previous_t1 is not None and t0 < previous_t1):
             return CheckResult("timing.window", "fail", f"step {s.step}: timestamps are not monotonic")
         previous_t1 = t1
-    tokens = {s.get("tokens") for s in steps}
+    # Every measured step's tokens; a warm-up step's where it counted them (an autoprobe can't see
+    # the first forward's keyword inputs, as a warm-up step may be untimed).
+    tokens = {s.get("tokens") for s in steps if s.step > warmup or s.get("tokens") is not None}
     if baseline_tokens is not None and tokens != {baseline_tokens}:
         return CheckResult(
             "timing.window",

@@ -140,6 +140,18 @@ def test_window_smaller_batch_fails():
     assert result.status == "fail" and "tokens" in result.detail
 
 
+def test_window_uncounted_tokens_pass_only_in_a_warm_up_step():
+    """An autoprobe can't count the first forward's keyword inputs (a Trainer's model(**inputs)):
+    step 1's tokens are None. That is allowed in warm-up, as an untimed warm-up step is; a
+    measured step without its tokens, or a warm-up step with fewer, still fails."""
+    first = make_run(mutate=lambda r: {**r, "tokens": None} if r["step"] == 1 else r)
+    assert check_window(first, WARMUP, MEASURE, REFERENCE.tokens_per_step).status == "pass"
+    measured = make_run(mutate=lambda r: {**r, "tokens": None} if r["step"] == WARMUP + 1 else r)
+    assert check_window(measured, WARMUP, MEASURE, REFERENCE.tokens_per_step).status == "fail"
+    fewer = make_run(mutate=lambda r: {**r, "tokens": 1} if r["step"] == 1 else r)
+    assert check_window(fewer, WARMUP, MEASURE, REFERENCE.tokens_per_step).status == "fail"
+
+
 def test_window_untimed_measured_step_fails():
     run = make_run(mutate=lambda r: {**r, "t0_ns": None, "t1_ns": None} if r["step"] == WARMUP + 1 else r)
     assert check_window(run, WARMUP, MEASURE, REFERENCE.tokens_per_step).status == "fail"
