@@ -514,4 +514,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as the importable module, never as __main__: the script becomes __main__, and code that
+    # finds a function's globals by its module's name (torch.compile's tracer, over these hooks)
+    # must find this module's, not the script's.
+    from infrarsi import autoprobe as _module
+
+    sys.exit(_module.main())

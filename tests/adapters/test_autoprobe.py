@@ -541,3 +541,23 @@ def test_tokens_the_contract_states_are_not_held_against_a_candidate(log_run):
     stated = summarise([log_run], [1], WARMUP, MEASURE, 0.1, tokens_per_step=128).as_record()
     assert BaselineReference.from_summary(stated).tokens_per_step is None
     assert BaselineReference.from_summary({**stated, "tokens_source": "receipts"}).tokens_per_step == 128
+
+
+def test_the_autoprobe_hooks_resolve_their_globals_by_module_name_as_torch_compile_does(tmp_path):
+    """Under `python -m infrarsi.autoprobe` the script is __main__: a hook whose module name is
+    __main__ would have torch.compile's tracer look its globals up in the script
+    (AttributeError: module '__main__' has no attribute 'weakref', found on a Trainer with
+    --torch_compile). Every global hook the autoprobe installs must name its own module."""
+    check = (
+        "import sys\n"
+        "from torch.nn.modules import module as _m\n"
+        "for _hook in list(_m._global_forward_pre_hooks.values()):\n"
+        "    _fn = getattr(_hook, '__func__', _hook)\n"
+        "    _home = sys.modules[_fn.__module__]\n"
+        "    if _fn.__globals__ is not vars(_home):\n"
+        "        raise SystemExit(f'hook {_fn.__qualname__} claims module {_fn.__module__}')\n"
+    )
+    script = FIXTURE.read_text().replace('X, Y = get_batch("train")\n', check + 'X, Y = get_batch("train")\n', 1)
+    assert script != FIXTURE.read_text()
+    result = execute(workspace(tmp_path / "ws", "auto", script=script))
+    assert result.status == "ok", result.detail + result.stderr_tail

@@ -1,0 +1,129 @@
+"""examples/hf-trainer: a plain Hugging Face Trainer script, unmodified (auto evidence), taken
+through draft, init, a self-checked baseline, verify and a search, for real. Needs the `hf`
+extra (transformers, accelerate), which the suite's install command includes."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-trainer"
+
+
+def _cli(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", *args, "--json"], capture_output=True, text=True, cwd=cwd, timeout=1200
+    )
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return proc, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hf") / "hf-trainer"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__", "out"))
+    contract = root / "infrarsi.toml"
+    text = contract.read_text().replace("ab_pairs          = 5", "ab_pairs          = 2")
+    # A drift net for a shared CI machine (tested on its own in tests/verifiers/).
+    contract.write_text(text.replace("min_speedup       = 1.02", "min_speedup       = 1.02\ndrift_tolerance   = 0.4"))
+    done, _ = _cli("init", cwd=root)
+    assert done.returncode == 0, done.stderr
+    done, out = _cli("baseline", "--runs", "2", cwd=root)
+    assert done.returncode == 0, done.stderr  # the self-check passed: stored
+    assert out["tokens_per_s"] and out["mfu"], "tokens counted from input_ids by the autoprobe"
+    return root
+
+
+def _cheat(root: Path, name: str, old: str, new: str) -> Path:
+    source = (root / "train.py").read_text()
+    assert source.count(old) == 1, old
+    diff = difflib.unified_diff(
+        source.splitlines(True), source.replace(old, new).splitlines(True), "a/train.py", "b/train.py"
+    )
+    path = root.parent / f"{name}.diff"
+    path.write_text("".join(diff))
+    return path
+
+
+def _failing(out: dict) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in out["checks"] if c["status"] in ("fail", "unchecked")}
+
+
+def test_draft_reads_the_trainer_script_and_init_accepts_it(tmp_path):
+    folder = tmp_path / "fresh"
+    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__", "out"))
+    (folder / "infrarsi.toml").unlink()
+    args = ["--output_dir", "out", "--per_device_train_batch_size", "16", "--use_cpu", "True"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "draft", "--json", "--", "python", "train.py", *args],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["style"] == "hf"
+    assert out["knobs"]["attention"]["choices"] == ["eager", "sdpa"]
+    assert out["knobs"]["micro_batch"]["baseline"] == "16x1"
+    assert {"checkpointing", "compile", "optimizer"} <= set(out["knobs"])
+    assert not out["knobs"]["tf32"]["enabled"] and not out["knobs"]["liger"]["enabled"]
+    assert out["command"] == ["python", "train.py", "--output_dir", "out", "--use_cpu", "True"]
+    assert out["protected"] == ["data/**"]
+    init = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "init"], capture_output=True, text=True, cwd=folder, timeout=120
+    )
+    assert init.returncode == 0, init.stderr
+
+
+def test_the_honest_patch_is_accepted_with_every_correctness_check_passing(workspace):
+    proc, out = _cli("verify", "--patch", "accuracy-from-logits", "--pairs", "4", cwd=workspace)
+    assert proc.returncode == 0 and out["accepted"], _failing(out)
+    assert all(c["status"] == "pass" for c in out["checks"]), _failing(out)
+    assert out["speedup"]["ci_low"] > 1.02 and Path(out["receipt"]).is_file()
+
+
+def test_bf16_autocast_in_the_step_is_rejected_by_the_audit_and_by_what_the_run_shows(workspace):
+    patch = _cheat(
+        workspace,
+        "autocast",
+        "        outputs = model(**inputs, num_items_in_batch=num_items_in_batch)\n",
+        '        with torch.autocast("cpu", dtype=torch.bfloat16):\n'
+        "            outputs = model(**inputs, num_items_in_batch=num_items_in_batch)\n",
+    )
+    proc, out = _cli("verify", "--patch", str(patch), "--pairs", "0", "--keep-going", cwd=workspace)
+    assert proc.returncode == 1 and not out["accepted"]
+    failing = _failing(out)
+    assert failing.get("audit.precision_downgrade") == "fail", failing
+    assert failing.get("numerics.precision") == "fail", failing
+
+
+def test_removing_the_clip_is_rejected_by_the_numerics(workspace):
+    patch = _cheat(
+        workspace,
+        "no-clip",
+        "    model_args, training_args = parser.parse_args_into_dataclasses()\n",
+        "    model_args, training_args = parser.parse_args_into_dataclasses()\n    training_args.max_grad_norm = 0.0\n",
+    )
+    proc, out = _cli("verify", "--patch", str(patch), "--pairs", "0", cwd=workspace)
+    assert proc.returncode == 1 and not out["accepted"]
+    failing = _failing(out)
+    assert failing and all(check.startswith("numerics.") for check in failing), failing
+
+
+def test_a_search_drives_the_trainer_through_its_knobs(workspace):
+    proc, out = _cli("search", "--budget", "6", cwd=workspace)  # a promotion takes 5 (2 A/B pairs)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert 0 < out["executions"] <= 6
+    if out["best"]:
+        assert Path(out["best"]["receipt"]).is_file()
+    assert out["history"] and all(h["status"] == "ok" for h in out["history"]), out["history"]
