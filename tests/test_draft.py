@@ -251,6 +251,7 @@ def test_environment_variables_are_knobs_by_their_last_words_and_only_as_switche
     )
     result = draft(["python", str(script)])
     assert [(k.name, k.option, k.choices) for k in result.knobs] == [("compile", "MY_COMPILE", ["0", "1"])]
+    assert result.notes == [], "a variable that is no switch is not a knob, and not a note either"
 
 
 def test_short_options_and_interpreter_options_are_understood(tmp_path):

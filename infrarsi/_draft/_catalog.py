@@ -241,8 +241,7 @@ def propose(facts: ScriptFacts, args: list[str]) -> tuple[list[Knob], list[str],
     settings = dict(facts.settings)
     if facts.style == "hf":
         for name, (default, kind) in HF_TRAINING_ARGUMENTS.items():
-            flag_form = "flag"
-            settings.setdefault(name, Setting(name, f"--{name}", flag_form, default, kind, origin="TrainingArguments"))
+            settings.setdefault(name, Setting(name, f"--{name}", "flag", default, kind, origin="TrainingArguments"))
     current, used_args = {}, {}
     for name, setting in settings.items():
         value, used = given_value(args, setting)
@@ -257,15 +256,14 @@ def propose(facts: ScriptFacts, args: list[str]) -> tuple[list[Knob], list[str],
     taken = {n for k in knobs for n in k.consumes}
     for knob_name, (names, _) in CATALOG.items():
         for name, setting in settings.items():
-            if (
-                name in taken
-                or _normal(name) not in names
-                and not (setting.form == "env" and any(part in _normal(name) for part in names if len(part) > 4))
-            ):
+            if name in taken or not _matches(names, name, setting):
                 continue
             knob = _catalog_knob(knob_name, setting, current[name])
             if knob is None:
-                notes.append(f"{setting.option}: {CATALOG[knob_name][1]}, but its values can't be told from the source")
+                if setting.form != "env":  # a variable that is no switch is simply not a knob
+                    notes.append(
+                        f"{setting.option}: {CATALOG[knob_name][1]}, but its values can't be told from the source"
+                    )
                 continue
             if any(k.name == knob.name for k in knobs):
                 knob.name = f"{knob.name}_{_normal(name)}"
