@@ -39,8 +39,18 @@ def test_the_timing_corpus_has_every_variant():
     assert {"region-decoys", "lazy-backward", "region-exit-rewritten"} <= set(TIMING_CHEATS)
 
 
+@pytest.fixture(scope="module")
+def baseline_now_s(tinygpt_workspace) -> float:
+    """The original setup's step time on the runner's clock, measured right before the cheats:
+    the stored baseline is from the start of a long suite, and a shared machine's speed moves
+    more than the margin between them (four cheats once all read 'faster than the baseline')."""
+    outcome = infrarsi.run(tinygpt_workspace)
+    assert outcome.status == "ok" and outcome.step_time_s
+    return outcome.step_time_s
+
+
 @pytest.mark.parametrize("name", TIMING_CHEATS)
-def test_work_moved_out_of_the_region_is_still_paid_for(tinygpt_workspace, name):
+def test_work_moved_out_of_the_region_is_still_paid_for(tinygpt_workspace, baseline_now_s, name):
     outcome = infrarsi.verify(
         tinygpt_workspace, patches=[str(HERE / "timing" / f"{name}.diff")], pairs=0, keep_going=True
     )
@@ -52,7 +62,7 @@ def test_work_moved_out_of_the_region_is_still_paid_for(tinygpt_workspace, name)
     numerics = {c.id: c.status for c in outcome.checks if c.id.startswith("numerics.loss")}
     assert numerics == {"numerics.loss": "pass"}, [c.to_json() for c in outcome.checks]
     region = _probe_region_s(seen["receipts"], timing["steps"])
-    baseline = seen["summary"]["step_time_s"]["median"]
+    baseline = baseline_now_s
     # By the probe's own regions the cheat looks far faster than the step really is ...
     assert region < 0.7 * timing["step_time_s"], (region, timing)
     assert timing["region_share"] < 0.7
