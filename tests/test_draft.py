@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from infrarsi import draft, init, load_contract
 from infrarsi.contract import launch_settings
@@ -304,6 +304,7 @@ def test_the_output_path_is_a_new_toml_file_beside_the_script(tmp_path, out, exp
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(args=["\x00"])  # found by hypothesis: a NUL in an argument once raised from pathlib
 @given(
     st.lists(
         st.one_of(

@@ -130,8 +130,8 @@ def draft(command: list[str], out: str | Path = "infrarsi.toml", force: bool = F
     The workspace is the script's folder; ``out`` is written there unless it is absolute or
     names another folder. Refuses to overwrite ``out`` unless ``force``.
     """
-    if any(0xD800 <= ord(ch) <= 0xDFFF for word in command for ch in word):
-        raise UsageError("draft: the command has bytes that are not text (undecodable file names)")
+    if any(0xD800 <= ord(ch) <= 0xDFFF or ch == "\x00" for word in command for ch in word):
+        raise UsageError("draft: the command has bytes that are not text (a NUL, or undecodable file names)")
     head, script_arg, args = _split_command(command)
     script = script_arg.resolve()
     if not script.is_file():
