@@ -4,7 +4,6 @@ extra (transformers, accelerate), which the suite's install command includes."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from unmodified import baselined_workspace, cheat, cli, failing
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -19,44 +19,11 @@ pytest.importorskip("accelerate")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-trainer"
 
 
-def _cli(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "infrarsi.cli", *args, "--json"], capture_output=True, text=True, cwd=cwd, timeout=1200
-    )
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc, json.loads(proc.stdout)
-
-
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("hf") / "hf-trainer"
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__", "out"))
-    contract = root / "infrarsi.toml"
-    text = contract.read_text().replace("ab_pairs          = 5", "ab_pairs          = 2")
-    # The drift net opened wide: a shared CI machine's step time has moved 40% between a baseline and
-    # the verify right after it (the net is tested on its own in tests/verifiers/).
-    contract.write_text(text.replace("min_speedup       = 1.02", "min_speedup       = 1.02\ndrift_tolerance   = 3.0"))
-    done, _ = _cli("init", cwd=root)
-    assert done.returncode == 0, done.stderr
-    done, out = _cli("baseline", "--runs", "2", cwd=root)
-    assert done.returncode == 0, done.stderr  # the self-check passed: stored
+    root, out = baselined_workspace(tmp_path_factory.mktemp("hf"), "hf-trainer")
     assert out["tokens_per_s"] and out["mfu"], "tokens counted from input_ids by the autoprobe"
     return root
-
-
-def _cheat(root: Path, name: str, old: str, new: str) -> Path:
-    source = (root / "train.py").read_text()
-    assert source.count(old) == 1, old
-    diff = difflib.unified_diff(
-        source.splitlines(True), source.replace(old, new).splitlines(True), "a/train.py", "b/train.py"
-    )
-    path = root.parent / f"{name}.diff"
-    path.write_text("".join(diff))
-    return path
-
-
-def _failing(out: dict) -> dict[str, str]:
-    return {c["id"]: c["status"] for c in out["checks"] if c["status"] in ("fail", "unchecked")}
 
 
 def test_draft_reads_the_trainer_script_and_init_accepts_it(tmp_path):
@@ -87,42 +54,42 @@ def test_draft_reads_the_trainer_script_and_init_accepts_it(tmp_path):
 
 
 def test_the_honest_patch_is_accepted_with_every_correctness_check_passing(workspace):
-    proc, out = _cli("verify", "--patch", "accuracy-from-logits", "--pairs", "4", cwd=workspace)
-    assert proc.returncode == 0 and out["accepted"], _failing(out)
-    assert all(c["status"] == "pass" for c in out["checks"]), _failing(out)
+    proc, out = cli("verify", "--patch", "accuracy-from-logits", "--pairs", "4", cwd=workspace)
+    assert proc.returncode == 0 and out["accepted"], failing(out)
+    assert all(c["status"] == "pass" for c in out["checks"]), failing(out)
     assert out["speedup"]["ci_low"] > 1.02 and Path(out["receipt"]).is_file()
 
 
 def test_bf16_autocast_in_the_step_is_rejected_by_the_audit_and_by_what_the_run_shows(workspace):
-    patch = _cheat(
+    patch = cheat(
         workspace,
         "autocast",
         "        outputs = model(**inputs, num_items_in_batch=num_items_in_batch)\n",
         '        with torch.autocast("cpu", dtype=torch.bfloat16):\n'
         "            outputs = model(**inputs, num_items_in_batch=num_items_in_batch)\n",
     )
-    proc, out = _cli("verify", "--patch", str(patch), "--pairs", "0", "--keep-going", cwd=workspace)
+    proc, out = cli("verify", "--patch", str(patch), "--pairs", "0", "--keep-going", cwd=workspace)
     assert proc.returncode == 1 and not out["accepted"]
-    failing = _failing(out)
-    assert failing.get("audit.precision_downgrade") == "fail", failing
-    assert failing.get("numerics.precision") == "fail", failing
+    found = failing(out)
+    assert found.get("audit.precision_downgrade") == "fail", found
+    assert found.get("numerics.precision") == "fail", found
 
 
 def test_removing_the_clip_is_rejected_by_the_numerics(workspace):
-    patch = _cheat(
+    patch = cheat(
         workspace,
         "no-clip",
         "    model_args, training_args = parser.parse_args_into_dataclasses()\n",
         "    model_args, training_args = parser.parse_args_into_dataclasses()\n    training_args.max_grad_norm = 0.0\n",
     )
-    proc, out = _cli("verify", "--patch", str(patch), "--pairs", "0", cwd=workspace)
+    proc, out = cli("verify", "--patch", str(patch), "--pairs", "0", cwd=workspace)
     assert proc.returncode == 1 and not out["accepted"]
-    failing = _failing(out)
-    assert failing and all(check.startswith("numerics.") for check in failing), failing
+    found = failing(out)
+    assert found and all(check.startswith("numerics.") for check in found), found
 
 
 def test_a_search_drives_the_trainer_through_its_knobs(workspace):
-    proc, out = _cli("search", "--budget", "6", cwd=workspace)  # a promotion takes 5 (2 A/B pairs)
+    proc, out = cli("search", "--budget", "6", cwd=workspace)  # a promotion takes 5 (2 A/B pairs)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     assert 0 < out["executions"] <= 6
     if out["best"]:
