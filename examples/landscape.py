@@ -185,7 +185,7 @@ def make_workspace(
         '[scope]\neditable = ["switches/*.py"]\nprotected = ["data/**", "train.py"]\n',
         "[timing]\nwarmup_steps = 1\nmeasure_steps = 4\n",
         '[numerics]\nrequire = ["loss", "grad_norm"]\n',
-        f"[resources]\nmemory_limit_mb = {land.limit_mb}\npeak_tflops = 0.1\n",
+        f"[resources]\nmemory_limit_mb = {land.limit_mb}\n",
     ]
     for name, spec in knobs.items():
         choices = ", ".join(f'"{c}"' for c in land.knobs[name][0])

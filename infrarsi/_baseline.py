@@ -8,12 +8,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from infrarsi._peaks import IMPLAUSIBLE_MFU, peak_for, training_precision
 from infrarsi._selfcheck import self_check
 from infrarsi._workspace import open_workspace
 from infrarsi.contract import Candidate
 from infrarsi.errors import BaselineFailed, BaselineRejected
 from infrarsi.runner import ExecutionResult, parse_receipts
-from infrarsi.verifiers import compare_param_grads, steps_from_lines
+from infrarsi.verifiers import compare_param_grads, observed_precisions, steps_from_lines
 
 __all__ = ["BaselineSummary", "baseline", "summarise"]
 
@@ -36,6 +37,8 @@ class BaselineSummary:
     reference_execution: int | None = None  # the run observed at every step (not timed)
     tokens_source: str | None = None  # "receipts" (counted in the job), "contract" (tokens_per_step), None
     self_check: dict | None = None  # SelfCheck.to_json(): the baseline judged against its contract
+    mfu_peak: dict | None = None  # Peak.to_json(): what MFU was measured against; None: no MFU
+    mfu_warning: str | None = None  # an MFU too high to believe, and what to check
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -45,6 +48,8 @@ class BaselineSummary:
             "tokens_per_s": self.tokens_per_s,
             "peak_mem_mb": self.peak_mem_mb,
             "mfu": self.mfu,
+            "mfu_peak": self.mfu_peak,
+            "mfu_warning": self.mfu_warning,
         }
 
     def as_record(self) -> dict:
@@ -70,12 +75,35 @@ def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[flo
     return merged, (spread if seen_any else None)
 
 
+def _mfu(results, receipt_sets, warmup, measure, peak_tflops, flops, tokens_per_s):
+    """MFU, the peak it is measured against, and a warning when it is too high to believe.
+
+    No MFU without a peak (the contract's, or the table's for the GPU the baseline ran on)."""
+    if not isinstance(flops, (int, float)) or isinstance(flops, bool) or not tokens_per_s:
+        return None, None, None
+    gpus = ((results[0].evidence or {}).get("fingerprint") or {}).get("gpus") or []
+    steps = steps_from_lines(results[0].receipts.decode("utf-8", "replace").splitlines())
+    seen, _ = observed_precisions([s for s in steps if warmup < s.step <= warmup + measure])
+    peak = peak_for(peak_tflops, [str(g) for g in gpus], training_precision(seen))
+    if peak is None:
+        return None, None, None
+    mfu = float(flops) * tokens_per_s / (peak.tflops * 1e12)
+    warning = None
+    if mfu > IMPLAUSIBLE_MFU:
+        where = "[resources] peak_tflops" if peak.source == "contract" else f"the {peak.device} {peak.precision} peak"
+        warning = (
+            f"MFU {mfu:.0%} is implausibly high (above {IMPLAUSIBLE_MFU:.0%}): check {where} "
+            f"({peak.tflops:g} TFLOPS) and the job's flops_per_token ({float(flops):g})"
+        )
+    return mfu, peak, warning
+
+
 def summarise(
     results: list[ExecutionResult],
     executions: list[int],
     warmup: int,
     measure: int,
-    peak_tflops: float,
+    peak_tflops: float | None,
     tokens_per_step: int | None = None,
 ) -> BaselineSummary:
     """Statistics of successful baseline runs (pure: evidence in, summary out)."""
@@ -103,9 +131,7 @@ def summarise(
     tokens_per_s = tokens_per_step / center if tokens_per_step and center > 0 else None
     declared = receipt_sets[0].declared()
     flops = declared.get("flops_per_token", declared.get("flops_per_token_estimate"))
-    mfu = (
-        float(flops) * tokens_per_s / (peak_tflops * 1e12) if isinstance(flops, (int, float)) and tokens_per_s else None
-    )
+    mfu, peak, warning = _mfu(results, receipt_sets, warmup, measure, peak_tflops, flops, tokens_per_s)
     peaks = [r.peak_mem_mb for r in results if r.peak_mem_mb is not None]
     steps = warmup + measure
     reference, spread = {}, {}
@@ -121,6 +147,8 @@ def summarise(
         tokens_source=source,
         peak_mem_mb=max(peaks) if peaks else None,
         mfu=mfu,
+        mfu_peak=peak.to_json() if peak else None,
+        mfu_warning=warning,
         run_step_times_s=medians,
         reference=reference,
         reference_spread=spread,

@@ -98,10 +98,11 @@ def demo(directory: str | None = None, quiet: bool = False, runs: int = 3, basel
         return report
     base = summary.step_time_s["median"]
     report["baseline"] = summary.to_json()
+    mfu = "n/a (no known peak for the CPU)" if summary.mfu is None else f"{summary.mfu * 100:.2f}%"
     console.print(
         f"    step {base * 1e3:.1f} ms (CV {summary.step_time_s['cv'] * 100:.1f}%), "
         f"{summary.tokens_per_s:,.0f} tokens/s, peak {summary.peak_mem_mb:.0f} MB "
-        f"of {contract.resources.memory_limit_mb:.0f} MB, MFU {(summary.mfu or 0) * 100:.2f}%"
+        f"of {contract.resources.memory_limit_mb:.0f} MB, MFU {mfu}"
     )
 
     report["search"] = _search(console, contract_path, contract, search_bar)

@@ -15,7 +15,16 @@ from infrarsi.contract import load_contract
 from infrarsi.errors import UsageError
 from infrarsi.ledger import KeyPair, Ledger
 
-__all__ = ["InitResult", "init"]
+__all__ = ["InitResult", "init", "GITIGNORE"]
+
+# The state folder is this machine's record; above all, keys/ holds the private signing key.
+GITIGNORE = """\
+# Written by `infrarsi init`. Everything here stays out of git: keys/ holds the private
+# signing key, and the ledger, receipts and sandboxes are this machine's record.
+# What a commit carries: infrarsi.toml, infrarsi-trusted-keys (public keys) and the
+# receipt bundles `infrarsi apply` commits as infrarsi-receipts/<id>.json.
+*
+"""
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ def init(contract_path: str | Path = "infrarsi.toml", force: bool = False) -> In
             if (state / name).exists():
                 shutil.move(str(state / name), str(archived / name))
     state.mkdir(parents=True, exist_ok=True)
+    _keep_out_of_git(state)
     key = KeyPair.generate()
     key.save(state / KEYS_DIR)
     manifest = build_manifest(contract, key)
@@ -68,3 +78,16 @@ def init(contract_path: str | Path = "infrarsi.toml", force: bool = False) -> In
         ledger.set_meta("manifest_sha256", manifest.sha256)
         ledger.set_meta("contract_sha256", contract.sha256)
     return InitResult(state, ledger_path, manifest_path, manifest.sha256, manifest.files, archived)
+
+
+def _keep_out_of_git(state: Path) -> None:
+    """A ``.gitignore`` that keeps the whole state folder (the private key first) out of ``git add -A``;
+    one the user wrote is left as it is unless it lets the keys through."""
+    path = state / ".gitignore"
+    if not path.exists():
+        path.write_text(GITIGNORE)
+        return
+    text = path.read_text(errors="replace")
+    lines = {line.strip() for line in text.splitlines()}
+    if not lines & {"*", "keys", "keys/", "/keys", "/keys/"}:
+        path.write_text(text + ("" if text.endswith("\n") or not text else "\n") + "keys/\n")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infrarsi._hashing import hash_protected
+from infrarsi._next import next_steps
 from infrarsi._policy import REQUIRED_CHECKS, VERDICT_VERSION, required_checks
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.auditors import audit_check_ids, check_sources
@@ -44,15 +45,17 @@ class VerifyOutcome:
     speedup: dict | None
     receipt: Path | None
     executions: list[int]
+    next: list[dict] = field(default_factory=list)  # {"check", "next"} for each check that failed
 
     def to_json(self) -> dict:
-        """The DESIGN.md shape of `verify --json`."""
+        """The DESIGN.md shape of `verify --json`, and the next step for each failed check."""
         return {
             "accepted": self.accepted,
             "candidate": self.candidate,
             "checks": [c.to_json() for c in self.checks],
             "speedup": self.speedup,
             "receipt": str(self.receipt) if self.receipt else None,
+            "next": self.next,
         }
 
 
@@ -162,7 +165,14 @@ class Verification:
 
     def _finish(self, checks, speedup=None, receipt=None) -> VerifyOutcome:
         accepted = receipt is not None
-        return VerifyOutcome(accepted, self.candidate.describe(), checks, speedup, receipt, self.executions)
+        described = self.candidate.describe()
+        received = None
+        if self.candidate_result is not None:
+            received = [s.step for s in _run_evidence(self.candidate_result).steps]
+        steps = (
+            [] if accepted else next_steps(checks, self.ws.contract, described["knobs"], described["patches"], received)
+        )
+        return VerifyOutcome(accepted, described, checks, speedup, receipt, self.executions, steps)
 
     def run(self) -> VerifyOutcome:
         contract, ws = self.ws.contract, self.ws

@@ -14,9 +14,18 @@ from infrarsi.runner._executor import ExecutionResult
 WARMUP, MEASURE = 1, 3
 
 
-def run(step_ms: list[float], losses: list[float], peak_mb: float) -> ExecutionResult:
-    """One baseline run's result whose receipts time each step as given (in ms)."""
-    lines = [json.dumps({"type": "meta", "declared": {"flops_per_token": 1000}})]
+def run(
+    step_ms: list[float],
+    losses: list[float],
+    peak_mb: float,
+    gpus: list[str] = (),
+    dtypes: tuple[str, ...] = ("float32",),
+    autocast: tuple[str, ...] = (),
+    flops: float = 1000,
+) -> ExecutionResult:
+    """One baseline run's result whose receipts time each step as given (in ms), on ``gpus`` (as
+    nvidia-smi names them), with ``dtypes`` parameters and ``autocast`` entries seen at each step."""
+    lines = [json.dumps({"type": "meta", "declared": {"flops_per_token": flops}})]
     t = 10**9
     for step, (ms, loss) in enumerate(zip(step_ms, losses), start=1):
         t1 = t + int(ms * 1e6)
@@ -31,6 +40,8 @@ def run(step_ms: list[float], losses: list[float], peak_mb: float) -> ExecutionR
                     "loss": loss,
                     "grad_norm": 1.0 + step,
                     "peak_mem_bytes": 1,
+                    "param_dtypes": list(dtypes),
+                    "autocast": list(autocast),
                 }
             )
         )
@@ -44,7 +55,7 @@ def run(step_ms: list[float], losses: list[float], peak_mb: float) -> ExecutionR
         step_time_s=measured,
         peak_mem_mb=peak_mb,
         receipts=("\n".join(lines) + "\n").encode(),
-        evidence={"timing": {"clock": "runner", "periods_s": periods}},
+        evidence={"timing": {"clock": "runner", "periods_s": periods}, "fingerprint": {"gpus": list(gpus)}},
     )
 
 
@@ -68,6 +79,45 @@ def test_baseline_statistics_from_known_step_times():
     assert summary.reference["loss"] == pytest.approx([4.0, 3.1, 2.0, 1.0])
     assert summary.reference["grad_norm"] == pytest.approx([2.0, 3.0, 4.0, 5.0])
     assert summary.reference_spread["loss"] == pytest.approx(0.5 / 1.0)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "dtypes", "autocast", "expected"),
+    [
+        (["NVIDIA H100 80GB HBM3"], ("float32",), ("cpu:bfloat16",), ("bf16", 989.4)),  # autocast's dtype
+        (["NVIDIA H100 PCIe"], ("bfloat16",), (), ("bf16", 756.0)),
+        (["NVIDIA A100-SXM4-80GB"] * 2, ("float32",), (), ("fp32", 19.5)),
+        (["NVIDIA L4"], ("float16",), (), ("fp16", 121.0)),
+        (["NVIDIA L40"], ("float32",), (), None),  # not an L4: no row, no MFU
+        (["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"], ("float32",), (), None),  # mixed GPUs
+        (["Tesla V100-SXM2-16GB"], ("bfloat16",), (), None),  # a precision the card has no figure for
+        ([], ("float32",), (), None),  # the CPU
+    ],
+)
+def test_without_peak_tflops_the_peak_comes_from_the_gpu_table_or_there_is_no_mfu(gpus, dtypes, autocast, expected):
+    summary = summarise(
+        [run([500, 100, 100, 100], [4.0, 3.0, 2.0, 1.0], 300.0, gpus, dtypes, autocast, flops=1e9)],
+        [1],
+        WARMUP,
+        MEASURE,
+        None,
+    )
+    if expected is None:
+        assert summary.mfu is None and summary.mfu_peak is None and summary.mfu_warning is None
+        return
+    precision, tflops = expected
+    assert summary.mfu_peak == {"tflops": tflops, "source": "table", "device": gpus[0], "precision": precision}
+    assert summary.mfu == pytest.approx(1e9 * 640 / (tflops * 1e12))
+    assert summary.mfu_warning is None
+
+
+def test_the_contract_peak_wins_and_an_implausible_mfu_comes_with_a_warning():
+    h100 = run([500, 100, 100, 100], [4.0, 3.0, 2.0, 1.0], 300.0, ["NVIDIA H100 80GB HBM3"], flops=1e9)
+    summary = summarise([h100], [1], WARMUP, MEASURE, 0.5)
+    assert summary.mfu_peak == {"tflops": 0.5, "source": "contract", "device": None, "precision": None}
+    assert summary.mfu == pytest.approx(1e9 * 640 / 0.5e12) and summary.mfu > 1
+    assert "implausibly high" in summary.mfu_warning and "[resources] peak_tflops" in summary.mfu_warning
+    assert summarise([h100], [1], WARMUP, MEASURE, 1000.0).mfu_warning is None
 
 
 def test_one_run_takes_its_own_step_to_step_noise():

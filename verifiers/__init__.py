@@ -1,13 +1,21 @@
 """Verifiers: pure functions from stored evidence to a CheckResult. No I/O, no clock."""
 
-from ._evidence import BaselineReference, RunEvidence, StepRecord, steps_from_lines
+from ._evidence import BaselineReference, RunEvidence, StepRecord, step_ranges, steps_from_lines
 from ._integrity import check_containment, check_manifest, check_run_integrity
 from ._judge import RULE_VERSION, Rules, judge_run
 from ._numerics import check_trajectory, compare_param_grads
 from ._precision import check_precision, observed_precisions
 from ._result import FAMILIES, STATUSES, CheckResult
 from ._scope import check_scope
-from ._stats import SpeedupEstimate, ab_order, baseline_drift, check_speedup, estimate_speedup, min_detectable_speedup
+from ._stats import (
+    SpeedupEstimate,
+    ab_order,
+    baseline_drift,
+    check_speedup,
+    estimate_speedup,
+    min_detectable_speedup,
+    pairs_to_resolve,
+)
 from ._timing import (
     CLOCK_LATENCY_NS,
     CLOCK_SPAN_RTOL,
@@ -23,6 +31,7 @@ __all__ = [
     "RunEvidence",
     "StepRecord",
     "steps_from_lines",
+    "step_ranges",
     "check_containment",
     "check_manifest",
     "check_run_integrity",
@@ -43,6 +52,7 @@ __all__ = [
     "check_speedup",
     "estimate_speedup",
     "min_detectable_speedup",
+    "pairs_to_resolve",
     "CLOCK_LATENCY_NS",
     "CLOCK_SPAN_RTOL",
     "check_clock",

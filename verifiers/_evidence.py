@@ -6,7 +6,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["StepRecord", "RunEvidence", "BaselineReference", "steps_from_lines", "first_per_step"]
+__all__ = ["StepRecord", "RunEvidence", "BaselineReference", "steps_from_lines", "first_per_step", "step_ranges"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +121,15 @@ def _by_step(stored, kind: type) -> dict:
         if isinstance(value, kind):
             out[step] = value
     return out
+
+
+def step_ranges(numbers: list[int]) -> str:
+    """Step numbers as ranges: 1, 2, 3, 7 -> '1..3, 7' (the first six runs of them, then '...')."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in spans[:6])
+    return text + (", ..." if len(spans) > 6 else "")

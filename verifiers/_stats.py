@@ -73,6 +73,8 @@ __all__ = [
     "DRIFT_CV_MULTIPLE",
     "estimate_speedup",
     "min_detectable_speedup",
+    "pairs_to_resolve",
+    "MAX_SUGGESTED_PAIRS",
     "t_quantile",
 ]
 
@@ -204,6 +206,34 @@ def min_detectable_speedup(cv: float, pairs: int, min_speedup: float, confidence
     sigma = math.sqrt(math.log1p(cv * cv))
     t = t_quantile(confidence, 2 * pairs - 2)
     return min_speedup * math.exp(t * math.sqrt(2.0) * sigma / math.sqrt(pairs))
+
+
+MAX_SUGGESTED_PAIRS = 100
+_POWER_Z = 0.8416  # the standard normal's 80% quantile: the suggestion resolves 4 times in 5
+
+
+def pairs_to_resolve(
+    baseline_s: list[float], candidate_s: list[float], min_speedup: float, confidence: float = 0.95
+) -> int | None:
+    """How many pairs would put the lower bound above ``min_speedup`` about 4 times in 5, if the
+    effect and the noise are what these pairs measured: the smallest ``n`` with
+    ``mean(d) - log(min_speedup) >= (t_{2n-2} + z_0.8) * s / sqrt(n)`` (``s`` as in the check).
+
+    None when the measured speedup does not clear ``min_speedup`` at all (more pairs will not
+    help) or would need more than ``MAX_SUGGESTED_PAIRS``."""
+    if len(baseline_s) != len(candidate_s) or len(baseline_s) < 2:
+        return None
+    b = np.log(np.asarray(baseline_s, dtype=float))
+    a = np.log(np.asarray(candidate_s, dtype=float))
+    d = b - a
+    margin = float(np.mean(d)) - math.log(min_speedup)
+    if margin <= 0 or float(np.median(np.exp(d))) <= min_speedup:
+        return None
+    s = max(float(np.std(d, ddof=1)), math.sqrt(float(np.var(b, ddof=1)) + float(np.var(a, ddof=1))))
+    for n in range(2, MAX_SUGGESTED_PAIRS + 1):
+        if margin >= (t_quantile(confidence, 2 * n - 2) + _POWER_Z) * s / math.sqrt(n):
+            return n
+    return None
 
 
 # The A/B's baseline arm may differ from the stored baseline by this much before the

@@ -84,7 +84,7 @@ def render(draft, name: str) -> str:
         "[resources]",
         'device          = "cpu"     # "cuda" where it trains on a GPU',
         "memory_limit_mb = 16000     # the job's process tree above this is an out-of-memory run",
-        "peak_tflops     = 1.0       # the device's peak, for MFU (an H100's dense bf16 is about 989)",
+        "# peak_tflops   = 989.4     # for MFU; unset, a GPU in the built-in table gives it, the CPU has none",
         "",
     ]
     if not draft.knobs:

@@ -73,6 +73,8 @@ def _cmd_baseline(args) -> int:
                         "tokens_per_s": None,
                         "peak_mem_mb": None,
                         "mfu": None,
+                        "mfu_peak": None,
+                        "mfu_warning": None,
                         "error": str(exc).splitlines()[0],
                     }
                 )
@@ -89,6 +91,15 @@ def _self_check(summary) -> dict:
     return {"self_check": summary.self_check}
 
 
+def _mfu_line(summary) -> str:
+    peak = summary.mfu_peak
+    if summary.mfu is None or not peak:
+        return "n/a (no peak known for this device and no [resources] peak_tflops, or no flops_per_token declared)"
+    where = "[resources] peak_tflops" if peak["source"] == "contract" else f"{peak['device']}, {peak['precision']}"
+    line = f"{pct(summary.mfu)} of {peak['tflops']:g} TFLOPS ({where})"
+    return line + (f"\n  warning     {summary.mfu_warning}" if summary.mfu_warning else "")
+
+
 def _baseline_lines(summary, detectable: list[str] = ()) -> str:
     st = summary.step_time_s
     lines = [
@@ -97,7 +108,7 @@ def _baseline_lines(summary, detectable: list[str] = ()) -> str:
         f"  within-run  CV {pct(summary.within_run_cv)}",
         f"  tokens/s    {num(summary.tokens_per_s, '{:,.0f}')}" + _tokens_from(summary.tokens_source),
         f"  peak memory {num(summary.peak_mem_mb, '{:.0f} MB')}",
-        f"  MFU         {pct(summary.mfu)}",
+        f"  MFU         {_mfu_line(summary)}",
         f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
         *detectable,
     ]
@@ -171,6 +182,8 @@ def _cmd_verify(args) -> int:
         lines.append(f"  speedup {sp['median']:.3f}x, 95% CI [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]")
     if outcome.receipt:
         lines.append(f"  receipt {outcome.receipt}")
+    for step in outcome.next:
+        lines.append(f"  next ({step['check']}): {step['next']}")
     emit(args, outcome.to_json(), "\n".join(lines))
     return EXIT_OK if outcome.accepted else EXIT_REJECTED
 

@@ -26,7 +26,7 @@ from infrarsi.runner._launch import GUARD_INTERVAL_S, LaunchSpec, launch
 from infrarsi.runner._receipts import parse_receipts
 from infrarsi.runner._sandbox import make_sandbox
 from infrarsi.runner._sources import pre_images
-from infrarsi.verifiers import RunEvidence, region_share, window_periods
+from infrarsi.verifiers import RunEvidence, region_share, step_ranges, window_periods
 
 __all__ = [
     "ExecutionResult",
@@ -263,13 +263,13 @@ def _timing_evidence(run: RunEvidence, contract: Contract) -> dict:
     found = window_periods(run, warmup, measure)
     if isinstance(found, str):
         arrived = sorted({s.step for s in run.steps})
-        seen = f"steps that arrived: {_ranges(arrived)}" if arrived else "no step lines arrived"
+        seen = f"steps that arrived: {step_ranges(arrived)}" if arrived else "no step lines arrived"
         return {
             "clock": "runner",
             "step_time_s": None,
             "periods_s": None,
             "region_share": None,
-            "missing": f"{found}; {seen} (steps count from 1)",
+            "missing": f"{found}; {seen} (receipts count from 1; a probe loop may count from 0 or 1)",
         }
     steps, periods = found
     share = region_share(run, warmup, measure)
@@ -281,15 +281,3 @@ def _timing_evidence(run: RunEvidence, contract: Contract) -> dict:
         "region_share": None if share is None else round(share, 4),
         "missing": None,
     }
-
-
-def _ranges(numbers: list[int]) -> str:
-    """1, 2, 3, 7 -> '1..3, 7' (the first few runs only)."""
-    spans: list[list[int]] = []
-    for n in numbers:
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in spans[:6])
-    return text + (", ..." if len(spans) > 6 else "")

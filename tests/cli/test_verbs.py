@@ -51,6 +51,26 @@ def test_init_creates_ledger_key_and_signed_manifest(cli, toyjob):
         assert ledger.verify_chain(trusted_public_hex=public).ok
 
 
+def test_git_add_all_after_init_stages_no_private_key(cli, toyjob):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=toyjob, capture_output=True, text=True, check=True).stdout
+
+    git("init", "--quiet")
+    assert cli("init").rc == 0
+    git("add", "-A")
+    staged = git("diff", "--cached", "--name-only").split()
+    assert "infrarsi.toml" in staged  # the contract is committed, as it should be
+    assert not [path for path in staged if path.startswith(".infrarsi/")], staged
+    # A .gitignore the user already had is kept, with the keys added when it let them through.
+    git("rm", "-r", "--cached", "--quiet", ".")
+    ignore = toyjob / ".infrarsi" / ".gitignore"
+    ignore.write_text("receipts/")
+    assert cli("init", "--force").rc == 0
+    assert ignore.read_text() == "receipts/\nkeys/\n"
+    git("add", "-A")
+    assert not [p for p in git("diff", "--cached", "--name-only").split() if p.startswith(".infrarsi/keys")]
+
+
 def test_init_human_output_names_what_it_made(cli, toyjob):
     done = cli("init")
     assert done.rc == 0, done
@@ -110,7 +130,9 @@ def test_baseline_json_has_the_design_shape_and_records_every_run(cli, workspace
     done = cli("baseline", "--runs", "2", "--json")
     assert done.rc == 0, done
     out = done.json()
-    assert set(out) == {"runs", "step_time_s", "tokens_per_s", "peak_mem_mb", "mfu"}
+    # The DESIGN.md keys, and what MFU was measured against.
+    assert set(out) == {"runs", "step_time_s", "tokens_per_s", "peak_mem_mb", "mfu", "mfu_peak", "mfu_warning"}
+    assert out["mfu_peak"] == {"tflops": 0.1, "source": "contract", "device": None, "precision": None}
     assert out["runs"] == 2 and not isinstance(out["runs"], bool)
     assert set(out["step_time_s"]) == {"median", "cv", "mad"}
     assert all(is_number(v) for v in out["step_time_s"].values())

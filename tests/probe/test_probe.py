@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent("""
         p.watch(model)
     steps = p.total_steps or 3
     p.meta(params=sum(t.numel() for t in model.parameters()), dtype="fp32")  # a declaration, not evidence
-    for step in range(1, steps + 1):
+    start = int(os.environ.get("START", "1"))  # a loop may count from 0
+    for step in range(start, start + steps):
         x = torch.randn(4, 8, dtype=next(model.parameters()).dtype)
         with p.step(step, tokens=4):
             if os.environ.get("AMP") == "1":
@@ -52,6 +53,19 @@ def run_script(tmp_path, **env):
 
 def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("start", [0, 1])
+def test_a_loop_counting_from_0_or_1_gives_receipts_counting_from_1(tmp_path, start):
+    out = tmp_path / "r.jsonl"
+    run_script(tmp_path, INFRARSI_RECEIPTS=str(out), INFRARSI_STEPS="4", INFRARSI_SAMPLE="1,3", START=str(start))
+    recs = records(out)
+    steps = [r for r in recs if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["t0_ns"] is not None and r["loss"] is not None for r in steps)  # log() met its step()
+    assert [r["counted_from"] for r in recs if "counted_from" in r] == [start]
+    # The sampled steps are the receipts' 1 and 3, whatever the loop called them.
+    assert [r["step"] for r in steps if "ops" in r] == [1, 3]
 
 
 def test_receipts_have_every_field_per_step(tmp_path):

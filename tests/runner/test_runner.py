@@ -38,6 +38,24 @@ def receipts_of(result):
     return parse_receipts(result.receipts.decode().splitlines())
 
 
+def test_a_probe_loop_counting_from_0_is_measured(executor, toyjob):
+    train = toyjob / "train.py"
+    text = train.read_text()
+    for old, new in (
+        ("for step in range(1, steps + 1):", "for step in range(steps):"),
+        ("p.log(step, loss=2.0 / step,", "p.log(step, loss=2.0 / (step + 1),"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    train.write_text(text)
+    result = execute(executor, load_contract(toyjob / "infrarsi.toml"))
+    assert result.status == "ok" and result.step_time_s is not None, result.detail
+    receipts = receipts_of(result)
+    assert [r["step"] for r in receipts.steps] == list(range(1, 9))
+    assert receipts.trajectory("loss", 8) == [2.0 / k for k in range(1, 9)]
+    assert [m["counted_from"] for m in receipts.meta if "counted_from" in m] == [0]
+
+
 def test_ok_run_has_complete_receipts_and_external_clock(executor, contract):
     result = execute(executor, contract)
     assert result.status == "ok", result.detail + result.stderr_tail
