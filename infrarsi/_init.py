@@ -35,9 +35,11 @@ class InitResult:
     manifest_sha256: str
     pinned: dict[str, str]
     archived: Path | None
+    revision: dict | None = None  # with --update: Revision.to_json(); None for a new ledger
 
     def to_json(self) -> dict:
         return {
+            "revision": self.revision,
             "state_dir": str(self.state_dir),
             "ledger": str(self.ledger),
             "manifest": str(self.manifest),
@@ -47,8 +49,22 @@ class InitResult:
         }
 
 
-def init(contract_path: str | Path = "infrarsi.toml", force: bool = False) -> InitResult:
-    """Validate the contract, pin protected files in a signed manifest, create key and ledger."""
+def init(contract_path: str | Path = "infrarsi.toml", force: bool = False, update: bool = False) -> InitResult:
+    """Validate the contract, pin protected files in a signed manifest, create key and ledger.
+
+    ``update`` keeps the ledger and key and pins a changed contract as the next revision
+    (see _revision); ``force`` archives everything and starts a new ledger with a new key."""
+    if update and force:
+        raise UsageError("--update and --force: choose one (--update keeps the ledger, --force starts a new one)")
+    if update:
+        from infrarsi._revision import revise
+
+        manifest, revision = revise(contract_path)
+        contract = load_contract(contract_path)
+        state = contract.state_dir
+        return InitResult(
+            state, state / LEDGER_NAME, state / MANIFEST_NAME, manifest.sha256, manifest.files, None, revision.to_json()
+        )
     contract = load_contract(contract_path)
     state = contract.state_dir
     ledger_path = state / LEDGER_NAME
@@ -56,8 +72,8 @@ def init(contract_path: str | Path = "infrarsi.toml", force: bool = False) -> In
     if ledger_path.exists():
         if not force:
             raise UsageError(
-                f"{ledger_path} already exists: this workspace is initialised "
-                f"(use --force to start a new ledger; the old one is kept in an archive)"
+                f"{ledger_path} already exists: this workspace is initialised (use --update to pin a changed "
+                f"contract as a revision of this ledger, or --force to start a new ledger; the old one is archived)"
             )
         # Nothing recorded is lost: the old state moves aside, whole.
         archived = state / "archive" / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"

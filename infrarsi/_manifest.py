@@ -13,7 +13,16 @@ from infrarsi.contract import Contract
 from infrarsi.errors import ManifestError, UsageError
 from infrarsi.ledger import KeyPair, canonical_json, sha256_hex, verify_signature
 
-__all__ = ["Manifest", "build_manifest", "load_manifest", "MANIFEST_NAME", "TrustedKey", "trusted_key", "is_public_key"]
+__all__ = [
+    "Manifest",
+    "build_manifest",
+    "load_manifest",
+    "parse_manifest",
+    "MANIFEST_NAME",
+    "TrustedKey",
+    "trusted_key",
+    "is_public_key",
+]
 
 MANIFEST_NAME = "manifest.json"
 _PUBLIC_KEY = re.compile(r"[0-9a-f]{64}")
@@ -69,6 +78,24 @@ class Manifest:
     def public_key(self) -> str:
         return self.body["public_key"]
 
+    @property
+    def revision(self) -> int:
+        """1 for the manifest `infrarsi init` wrote; each `init --update` adds one."""
+        value = self.body.get("revision", 1)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
+    @property
+    def previous(self) -> str | None:
+        """The sha256 of the revision this one replaced (None for the first)."""
+        value = self.body.get("previous")
+        return value if isinstance(value, str) else None
+
+    @property
+    def baseline_required(self) -> list[str]:
+        """Why this revision needs a new baseline (empty: the stored one stays the reference)."""
+        value = self.body.get("baseline_required")
+        return [str(v) for v in value] if isinstance(value, list) else []
+
     def verifies(self) -> bool:
         return verify_signature(self.public_key, canonical_json(self.body), self.signature)
 
@@ -76,11 +103,23 @@ class Manifest:
         return json.dumps({"manifest": self.body, "signature": self.signature}, indent=2, sort_keys=True)
 
 
-def build_manifest(contract: Contract, key: KeyPair) -> Manifest:
-    """Pin the contract and the protected files of the workspace as they are now."""
+def build_manifest(
+    contract: Contract,
+    key: KeyPair,
+    previous: Manifest | None = None,
+    changes: list[str] | None = None,
+    baseline_required: list[str] | None = None,
+) -> Manifest:
+    """Pin the contract and the protected files of the workspace as they are now; with
+    ``previous``, as the next revision of that manifest (what changed, and whether the stored
+    baseline still measures this contract's job)."""
     files = hash_protected(contract.workspace, contract.protected_globs)
     body = {
         "version": 1,
+        "revision": previous.revision + 1 if previous else 1,
+        "previous": previous.sha256 if previous else None,
+        "changes": list(changes or []),
+        "baseline_required": list(baseline_required or []),
         "contract": contract.path.name,
         "contract_sha256": contract.sha256,
         "files": files,
@@ -94,13 +133,19 @@ def build_manifest(contract: Contract, key: KeyPair) -> Manifest:
 def load_manifest(path: Path) -> Manifest:
     """Read a manifest file; raises ManifestError if it is unreadable or its signature fails."""
     try:
-        data = json.loads(Path(path).read_text())
-        manifest = Manifest(data["manifest"], data["signature"])
-        manifest.public_key  # noqa: B018 - must exist
+        return parse_manifest(Path(path).read_text(), str(path))
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest (run `infrarsi init` first)") from None
+
+
+def parse_manifest(text: str, where: str) -> Manifest:
+    """A manifest from its JSON text; raises ManifestError if it is malformed or its signature fails."""
+    try:
+        data = json.loads(text)
+        manifest = Manifest(data["manifest"], data["signature"])
+        manifest.public_key  # noqa: B018 - must exist
     except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{path}: not a manifest written by `infrarsi init` ({exc})") from None
+        raise ManifestError(f"{where}: not a manifest written by `infrarsi init` ({exc})") from None
     if not manifest.verifies():
-        raise ManifestError(f"{path}: the manifest signature does not verify")
+        raise ManifestError(f"{where}: the manifest signature does not verify")
     return manifest

@@ -17,6 +17,7 @@ from pathlib import Path
 from infrarsi._hashing import hash_protected
 from infrarsi._next import next_steps
 from infrarsi._policy import REQUIRED_CHECKS, VERDICT_VERSION, required_checks
+from infrarsi._revision import check_baseline_current
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.auditors import audit_check_ids, check_sources
 from infrarsi.contract import Candidate, parse_sets, resolve_candidate
@@ -105,6 +106,7 @@ def verify(
         stored = ws.ledger.latest_baseline()
         if stored is None:
             raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
+        check_baseline_current(ws.ledger, ws.manifest, stored)
         pairs = ws.contract.search.ab_pairs if pairs is None else pairs
         if pairs < 0:
             raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")

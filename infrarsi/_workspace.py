@@ -129,9 +129,9 @@ def open_workspace(contract_path: str | Path = "infrarsi.toml", executor: Execut
         raise UsageError(str(exc)) from None
     if manifest.body["contract_sha256"] != contract.sha256:
         raise UsageError(
-            f"{contract.path}: the contract changed since `infrarsi init` pinned it; "
-            f"measurements under another contract are not comparable "
-            f"(restore it, or `infrarsi init --force` for a new ledger)"
+            f"{contract.path}: the contract changed since `infrarsi init` pinned it: run "
+            f"`infrarsi init --update` to pin it as the next revision of this ledger (same key; the stored "
+            f"baseline stays the reference unless the change alters what it measured), or restore it"
         )
     key = KeyPair.load(state / KEYS_DIR)
     if key.public_hex != manifest.public_key:

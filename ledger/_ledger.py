@@ -154,6 +154,11 @@ class Ledger:
             )
         return data
 
+    def blobs_of_kind(self, kind: str) -> Iterator[tuple[str, bytes]]:
+        """``(hash, data)`` of every blob stored with label ``kind`` (few: manifests, contracts), unchecked."""
+        for digest, data in self.db.execute("SELECT hash, data FROM blobs WHERE kind = ? ORDER BY rowid", [kind]):
+            yield digest, bytes(data)
+
     def set_meta(self, key: str, value: str) -> None:
         """Record a string under ``key`` (replacing an earlier value); the public key is fixed."""
         if key == PUBLIC_KEY:
@@ -225,6 +230,10 @@ class Ledger:
         for row in self.db.query("SELECT * FROM executions WHERE id = ?", [execution_id]):
             return decode_row(row)
         return None
+
+    def manifest_hashes(self) -> set[str]:
+        """The manifests (by sha256) the executions ran under."""
+        return {row[0] for row in self.db.execute("SELECT DISTINCT manifest_hash FROM executions") if row[0]}
 
     def count(self) -> int:
         """How many executions are stored."""

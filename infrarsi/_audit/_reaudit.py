@@ -301,6 +301,7 @@ def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> set[int]:
     for digest, kind in ledger.altered_blobs():
         report.chain_ok = False
         report.chain.append(f"blob {digest[:16]}... ({kind}) no longer matches its hash: altered")
+    _check_revisions(ledger, report)
     for baseline_id, _, _ in ledger.baseline_ids():
         try:
             ledger.baseline(baseline_id)
@@ -323,6 +324,33 @@ def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> set[int]:
             report.receipts["bad"].append({"receipt": receipt.name, "problems": check.problems})
             report.chain.append(f"receipt {receipt.name}: {'; '.join(check.problems)}")
     return receipted
+
+
+def _check_revisions(ledger: Ledger, report: AuditReport) -> None:
+    """The contract revisions: every stored manifest signed by the trusted key and linked to one
+    before it, and every execution run under one of them."""
+    from infrarsi._revision import manifests_in
+
+    manifests = manifests_in(ledger)
+    key = report.trusted_key or ledger.public_key
+    for digest, manifest in manifests.items():
+        if isinstance(manifest, str):
+            report.chain.append(manifest)
+        elif manifest.public_key != key:
+            report.chain.append(f"manifest revision {manifest.revision} ({digest[:16]}...) is signed by another key")
+        elif manifest.previous and manifest.previous not in manifests:
+            report.chain.append(
+                f"manifest revision {manifest.revision} ({digest[:16]}...) follows {manifest.previous[:16]}..., "
+                "which is not in the ledger"
+            )
+        else:
+            continue
+        report.chain_ok = False
+    # A ledger with no manifest at all was not written by `init` (a bare or synthetic one): its rows'
+    # missing contracts already leave every judged check unchecked.
+    for digest in sorted(ledger.manifest_hashes() - set(manifests) if manifests else ()):
+        report.chain_ok = False
+        report.chain.append(f"executions ran under manifest {digest[:16]}..., which is not in the ledger")
 
 
 def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:

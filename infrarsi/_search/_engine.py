@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from infrarsi._revision import check_baseline_current
 from infrarsi._search._exploring import Exploration
 from infrarsi._search._promoting import Promotion
 from infrarsi._search._proposing import Proposals
@@ -142,6 +143,7 @@ def search(
         stored = ws.ledger.latest_baseline()
         if stored is None:
             raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
+        check_baseline_current(ws.ledger, ws.manifest, stored)
         pack_data = None
         if pack is not None:
             from infrarsi._search._pack import load_pack

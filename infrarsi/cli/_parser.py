@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("init", help="validate the contract, pin protected files, create key and ledger")
     _common(p)
     p.add_argument("--force", action="store_true", help="start a new ledger; the old state is archived")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="pin a changed contract as the next revision: same ledger and key, the baseline kept where it can be",
+    )
 
     p = verbs.add_parser("baseline", help="measure the original setup N times")
     _common(p)

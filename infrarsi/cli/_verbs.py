@@ -9,7 +9,8 @@ import json
 import sys
 from contextlib import nullcontext
 
-from infrarsi.cli._output import EXIT_OK, EXIT_REJECTED, emit, num, pct, progress_bar
+from infrarsi.cli._output import EXIT_OK, EXIT_REJECTED, emit, progress_bar
+from infrarsi.cli._texts import baseline_lines, detectable, revision_lines
 
 __all__ = ["COMMANDS"]
 
@@ -17,7 +18,10 @@ __all__ = ["COMMANDS"]
 def _cmd_init(args) -> int:
     from infrarsi import init
 
-    result = init(args.contract, force=args.force)
+    result = init(args.contract, force=args.force, update=args.update)
+    if result.revision is not None:
+        emit(args, result.to_json(), revision_lines(result))
+        return EXIT_OK
     lines = [
         f"initialised {result.state_dir}",
         f"  ledger    {result.ledger}",
@@ -59,7 +63,7 @@ def _cmd_baseline(args) -> int:
         if args.json:
             print(json.dumps({**exc.summary.to_json(), "error": str(exc).splitlines()[0], **_self_check(exc.summary)}))
         else:
-            print(_baseline_lines(exc.summary))
+            print(baseline_lines(exc.summary))
         return EXIT_REJECTED
     except BaselineFailed as exc:
         print(f"infrarsi: baseline failed: {exc}", file=sys.stderr)
@@ -80,7 +84,7 @@ def _cmd_baseline(args) -> int:
                 )
             )
         return EXIT_REJECTED
-    human = _baseline_lines(summary, _detectable(args.contract, summary.step_time_s["cv"]))
+    human = baseline_lines(summary, detectable(args.contract, summary.step_time_s["cv"]))
     # A clean self-check keeps the DESIGN.md shape; a forced one says what it overrode.
     forced = (summary.self_check or {}).get("forced")
     emit(args, {**summary.to_json(), **(_self_check(summary) if forced else {})}, human)
@@ -89,59 +93,6 @@ def _cmd_baseline(args) -> int:
 
 def _self_check(summary) -> dict:
     return {"self_check": summary.self_check}
-
-
-def _mfu_line(summary) -> str:
-    peak = summary.mfu_peak
-    if summary.mfu is None or not peak:
-        return "n/a (no peak known for this device and no [resources] peak_tflops, or no flops_per_token declared)"
-    where = "[resources] peak_tflops" if peak["source"] == "contract" else f"{peak['device']}, {peak['precision']}"
-    line = f"{pct(summary.mfu)} of {peak['tflops']:g} TFLOPS ({where})"
-    return line + (f"\n  warning     {summary.mfu_warning}" if summary.mfu_warning else "")
-
-
-def _baseline_lines(summary, detectable: list[str] = ()) -> str:
-    st = summary.step_time_s
-    lines = [
-        f"baseline over {summary.runs} run(s) (executions {summary.executions[0]}..{summary.executions[-1]})",
-        f"  step time   {st['median'] * 1e3:.2f} ms median, CV {pct(st['cv'])}, MAD {st['mad'] * 1e3:.3f} ms",
-        f"  within-run  CV {pct(summary.within_run_cv)}",
-        f"  tokens/s    {num(summary.tokens_per_s, '{:,.0f}')}" + _tokens_from(summary.tokens_source),
-        f"  peak memory {num(summary.peak_mem_mb, '{:.0f} MB')}",
-        f"  MFU         {_mfu_line(summary)}",
-        f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
-        *detectable,
-    ]
-    checked = summary.self_check or {}
-    problems, notes = checked.get("problems") or [], checked.get("notes") or []
-    if not problems:
-        lines.append("  self-check  passed: every required check has evidence and holds on the baseline itself")
-    elif checked.get("forced"):
-        lines.append(f"  self-check  {len(problems)} problem(s), stored anyway (--force): candidates will fail")
-    else:
-        lines.append(f"  self-check  {len(problems)} problem(s): NOT stored as the reference")
-    lines += [f"    problem: {p['check']} [{p['key'] or 'the script'}]: {p['message']}" for p in problems]
-    lines += [f"    note: {note}" for note in notes]
-    return "\n".join(lines)
-
-
-def _tokens_from(source: str | None) -> str:
-    return {
-        "receipts": " (tokens counted in the job)",
-        "contract": " (tokens from the contract's tokens_per_step)",
-    }.get(source, " (tokens unknown: set [task] tokens_per_step)")
-
-
-def _detectable(contract_path, cv) -> list[str]:
-    """The smallest speedup `verify` can see at this noise (docs/verification.md)."""
-    if not cv:
-        return []
-    from infrarsi.contract import load_contract
-    from infrarsi.verifiers import min_detectable_speedup
-
-    search = load_contract(contract_path).search
-    smallest = min_detectable_speedup(cv, search.ab_pairs, search.min_speedup)
-    return [f"  detectable  speedups above about {smallest:.3f}x with ab_pairs = {search.ab_pairs} at this noise"]
 
 
 def _cmd_run(args) -> int:

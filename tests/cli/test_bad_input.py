@@ -68,7 +68,7 @@ CASES = {
     "contract changed since init": (
         edit_contract("timeout_s = 20", "timeout_s = 21"),
         ["run"],
-        ["contract changed", "init --force"],
+        ["contract changed", "init --update"],
     ),
     "manifest tampered": (tamper_manifest, ["run"], ["manifest.json", "signature does not verify"]),
     "unknown verb": (nothing, ["bogus"], ["invalid choice: 'bogus'"]),

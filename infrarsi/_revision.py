@@ -1,0 +1,193 @@
+"""Contract revisions: `infrarsi init --update` re-pins a changed contract in the next manifest,
+signed by the same key and linked to the one before it, in the same ledger.
+
+The stored baseline stays the reference when nothing it measured changed: the original setup's
+launch (command, arguments and environment at the knobs' baseline values), the evidence and
+its window, the device, the files pinned both before and after. Anything else (patches, search
+settings, tolerances, a new knob whose baseline value launches what already ran) keeps it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infrarsi._manifest import MANIFEST_NAME, Manifest, build_manifest, load_manifest, parse_manifest
+from infrarsi._workspace import KEYS_DIR, LEDGER_NAME
+from infrarsi.contract import Contract, launch_settings, load_contract, parse_contract
+from infrarsi.errors import ContractError, ManifestError, UsageError
+from infrarsi.ledger import KeyPair, Ledger
+
+__all__ = ["Revision", "revise", "classify", "manifests_in", "check_baseline_current"]
+
+# Contract keys that decide what the baseline measured, beyond the launch itself.
+_MEASURING = (
+    ("task", "evidence"),
+    ("task", "tokens_per_step"),
+    ("timing", "warmup_steps"),
+    ("timing", "measure_steps"),
+    ("resources", "device"),
+)
+
+
+@dataclass
+class Revision:
+    """What changed between two contracts, split by whether the stored baseline survives it."""
+
+    number: int = 1
+    changed: bool = True  # False: `init --update` found nothing to pin
+    previous: str | None = None
+    manifest_sha256: str | None = None
+    baseline_required: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # changes the baseline survives
+
+    @property
+    def changes(self) -> list[str]:
+        return self.baseline_required + self.kept
+
+    def to_json(self) -> dict:
+        return {
+            "number": self.number,
+            "changed": self.changed,
+            "previous": self.previous,
+            "manifest_sha256": self.manifest_sha256,
+            "baseline": "required" if self.baseline_required else "kept",
+            "baseline_required": self.baseline_required,
+            "changes": self.changes,
+        }
+
+
+def classify(old: Contract, new: Contract, old_files: dict[str, str], new_files: dict[str, str]) -> Revision:
+    """Every difference between ``old`` and ``new`` (and the files pinned under each), sorted into
+    those that change what the baseline measured and those that don't."""
+    rev = Revision()
+    launch_old = launch_settings(old, old.baseline_knobs())
+    launch_new = launch_settings(new, new.baseline_knobs())
+    if launch_old[0] != launch_new[0]:
+        rev.baseline_required.append(
+            f"the original setup's command line: {' '.join(launch_old[0])!r} -> {' '.join(launch_new[0])!r}"
+        )
+    if launch_old[1] != launch_new[1]:
+        rev.baseline_required.append(f"the original setup's knob environment: {launch_old[1]} -> {launch_new[1]}")
+    for section, key in _MEASURING:
+        before, after = getattr(old, section).values.get(key), getattr(new, section).values.get(key)
+        if before != after:
+            rev.baseline_required.append(f"[{section}] {key}: {before!r} -> {after!r}")
+    if old.log_patterns != new.log_patterns:
+        rev.baseline_required.append("[evidence.log] patterns")
+    contract_names = {old.path.name, new.path.name}
+    for rel in sorted(set(old_files) & set(new_files) - contract_names):
+        if old_files[rel] != new_files[rel]:
+            rev.baseline_required.append(f"protected file {rel} changed")
+    for rel in sorted(set(new_files) - set(old_files) - contract_names):
+        rev.kept.append(f"protected file {rel} newly pinned")
+    for rel in sorted(set(old_files) - set(new_files) - contract_names):
+        rev.kept.append(f"file {rel} no longer protected")
+    measured = {f"{s}.{k}" for s, k in _MEASURING}
+    for section in ("task", "scope", "timing", "numerics", "resources", "search"):
+        before, after = getattr(old, section).values, getattr(new, section).values
+        for key in sorted(set(before) | set(after)):
+            if f"{section}.{key}" not in measured and key != "command" and before.get(key) != after.get(key):
+                rev.kept.append(f"[{section}] {key}: {before.get(key)!r} -> {after.get(key)!r}")
+    for name in sorted(set(old.knobs) | set(new.knobs)):
+        if name not in new.knobs:
+            rev.kept.append(f"knob {name} removed")
+        elif name not in old.knobs:
+            rev.kept.append(f"knob {name} added")
+        elif old.knobs[name] != new.knobs[name]:
+            rev.kept.append(f"knob {name} changed")
+    patches_old = {p.name: p for p in old.patches}
+    patches_new = {p.name: p for p in new.patches}
+    for name in sorted(set(patches_old) | set(patches_new)):
+        if name not in patches_new:
+            rev.kept.append(f"patch {name} removed")
+        elif name not in patches_old:
+            rev.kept.append(f"patch {name} added")
+        elif patches_old[name] != patches_new[name]:
+            rev.kept.append(f"patch {name} changed")
+    return rev
+
+
+def manifests_in(ledger: Ledger) -> dict[str, Manifest | str]:
+    """Every manifest the ledger keeps, by its sha256; a stored one that does not parse or verify
+    is kept by its blob hash with the reason, for `audit` to report."""
+    out: dict[str, Manifest | str] = {}
+    for digest, data in ledger.blobs_of_kind("manifest"):
+        try:
+            manifest = parse_manifest(data.decode("utf-8", "replace"), f"manifest blob {digest[:16]}...")
+        except ManifestError as exc:
+            out[digest] = str(exc)
+            continue
+        out[manifest.sha256] = manifest
+    return out
+
+
+def revise(contract_path) -> tuple[Manifest, Revision]:
+    """`infrarsi init --update`: the changed contract (and protected files) re-pinned in the next
+    manifest, signed by the workspace's own key; the ledger, receipts and baselines stay."""
+    contract = load_contract(contract_path)
+    state = contract.state_dir
+    ledger_path = state / LEDGER_NAME
+    if not ledger_path.exists():
+        raise UsageError(f"{contract.workspace}: not initialised (no {LEDGER_NAME}); run `infrarsi init` first")
+    try:
+        current = load_manifest(state / MANIFEST_NAME)
+    except ManifestError as exc:
+        raise UsageError(str(exc)) from None
+    key = KeyPair.load(state / KEYS_DIR)
+    if key.public_hex != current.public_key:
+        raise UsageError(f"{state / KEYS_DIR}: the signing key is not the one the manifest was signed with")
+    with Ledger.open(ledger_path, key=key) as ledger:
+        stored = ledger.get_blob(current.body["contract_sha256"])
+        if stored is None:
+            raise UsageError(f"{ledger_path}: the contract pinned by {MANIFEST_NAME} is not in the ledger")
+        try:
+            old = parse_contract(stored.decode("utf-8", "replace"), contract.path, check_files=False)
+        except ContractError as exc:
+            raise UsageError(f"the pinned contract no longer parses under today's rules ({exc}); use --force") from None
+        from infrarsi._hashing import hash_protected
+
+        files = hash_protected(contract.workspace, contract.protected_globs)
+        revision = classify(old, contract, current.files, files)
+        if contract.sha256 == current.body["contract_sha256"] and files == current.files:
+            revision.number, revision.changed = current.revision, False
+            revision.previous, revision.manifest_sha256 = current.previous, current.sha256
+            return current, revision  # nothing changed: nothing to sign
+        manifest = build_manifest(contract, key, current, revision.changes, revision.baseline_required)
+        revision.number, revision.previous, revision.manifest_sha256 = (
+            manifest.revision,
+            current.sha256,
+            manifest.sha256,
+        )
+        # The ledger first: a manifest file that names a contract the ledger lacks would strand it.
+        ledger.put_blob(contract.text.encode(), "contract")
+        ledger.put_blob(manifest.to_json().encode(), "manifest")
+        ledger.set_meta("manifest_sha256", manifest.sha256)
+        ledger.set_meta("contract_sha256", contract.sha256)
+    tmp = state / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(manifest.to_json())
+    tmp.replace(state / MANIFEST_NAME)
+    return manifest, revision
+
+
+def check_baseline_current(ledger: Ledger, current: Manifest, baseline: dict) -> None:
+    """Raise UsageError unless ``baseline`` still measures the job of the ``current`` revision:
+    walking back from it to the revision the baseline ran under, none may require a new one."""
+    rows = baseline["summary"].get("executions") or []
+    first = ledger.get_execution(rows[0]) if rows else None
+    measured_under = first.get("manifest_hash") if first else None
+    if measured_under is None:
+        return  # a baseline with no recorded runs predates revisions: nothing to walk back to
+    chain = manifests_in(ledger)
+    manifest: Manifest | str | None = current
+    while isinstance(manifest, Manifest) and manifest.sha256 != measured_under:
+        if manifest.baseline_required:
+            raise UsageError(
+                f"contract revision {manifest.revision} changed what the stored baseline measured "
+                f"({'; '.join(manifest.baseline_required)}): run `infrarsi baseline` for a new one"
+            )
+        manifest = chain.get(manifest.previous) if manifest.previous else None
+    if not isinstance(manifest, Manifest):
+        raise UsageError(
+            f"the stored baseline (batch {baseline.get('batch')}) was measured under a manifest that is not "
+            f"in this workspace's chain of contract revisions: run `infrarsi baseline` for a new one"
+        )
