@@ -101,7 +101,24 @@ def _outcome(session: SearchSession, resumed: bool) -> SearchOutcome:
         resumed,
         session.messages,
         session.history,
+        session.meta.get("catalog", []),
+        _coverage(session, cost["executions"]),
     )
+
+
+def _coverage(session: SearchSession, executions: int) -> dict:
+    """How much of the space was tried, and why the search stopped where it did."""
+    space, meta = session.space, session.meta
+    tried = len(session.state.tried())
+    return {
+        "points": space.size,
+        "tried": tried,
+        "untried": max(space.size - tried, 0),
+        "budget": meta["budget"],
+        "budget_left": max(meta["budget"] - executions, 0),
+        "exploration_stopped": meta.get("explore_stop"),
+        "promotion": meta.get("promote_stop"),
+    }
 
 
 def _check_workspace(ws: Workspace) -> None:

@@ -166,6 +166,7 @@ class Exploration:
         launched = self.session.launched
         starts = self.starts()
         incumbents = [p for p, _ in starts]
+        self.session.meta["explore_stop"] = "the exploration budget was spent"
         for point, origin in starts:
             if launched() >= exploration:
                 return
@@ -194,6 +195,11 @@ class Exploration:
             obs = self._run(choice, origin)
             if obs.status == "oom":
                 self._rescue(obs, exploration)
+        if launched() < exploration:
+            self.session.meta["explore_stop"] = (
+                f"no untried point was worth a run after {stale} empty picks: the models predict each one left "
+                "crashes, runs out of memory, does not apply, or is no faster than the best found"
+            )
 
     def _incumbent(self, centre: Point) -> Point:
         """The best ok point within two changes of ``centre``, else ``centre`` itself."""

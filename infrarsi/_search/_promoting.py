@@ -33,8 +33,10 @@ class Promotion:
         contract = session.ws.contract
         cost = promotion_cost(contract.search.ab_pairs)
         done = self._settle()
+        session.meta["promote_stop"] = "every candidate the models rank above min_speedup was verified"
         for point in self.ranked():
             if len([a for a in session.attempts if a["accepted"]]) >= contract.search.promote_top:
+                session.meta["promote_stop"] = f"promote_top = {contract.search.promote_top} candidates were accepted"
                 break
             key = point.key()
             if key in done:
@@ -42,6 +44,9 @@ class Promotion:
             if budget - session.launched() < cost:
                 session.messages.append(
                     f"budget left ({budget - session.launched()}) is less than one promotion ({cost})"
+                )
+                session.meta["promote_stop"] = (
+                    f"the budget left ({budget - session.launched()}) is less than one promotion ({cost})"
                 )
                 break
             n = len(session.meta.setdefault("promotions", []))

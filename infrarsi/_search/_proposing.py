@@ -76,6 +76,8 @@ class Proposals:
             except Exception as exc:  # a proposer is outside code: its failure is a message, not a crash
                 session.messages.append(f"proposer {name} failed: {type(exc).__name__}: {exc}")
                 continue
+            if isinstance(getattr(proposer, "explained", None), list):
+                session.meta["catalog"] = proposer.explained
             trusted = isinstance(proposer, ContractProposer)  # only the contract's own patches skip screening
             for proposal in proposed:
                 # Text from outside (an LLM, a pack) may hold what UTF-8 cannot: replaced, not fatal.

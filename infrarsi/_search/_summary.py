@@ -40,6 +40,19 @@ def search_summary(outcome) -> str:
     for rescue in outcome.rescued:
         partners = " + ".join(map(atom_label, rescue["rescued_by"]))
         lines.append(f"  rescued an out-of-memory candidate with {partners} (execution {rescue['execution']})")
+    for codemod in outcome.catalog:
+        if codemod["applied"]:
+            lines.append(f"  catalog {codemod['codemod']}: proposed for {', '.join(codemod['applied'])}")
+        for why in codemod["not_applied"][:3]:
+            lines.append(f"  catalog {codemod['codemod']}: not applied: {why}")
+    cover = outcome.coverage
+    if cover and cover.get("budget_left"):
+        stopped = cover.get("exploration_stopped") or "exploration ended"
+        lines.append(
+            f"  stopped with {cover['budget_left']} of {cover['budget']} executions left "
+            f"({cover['untried']} of {cover['points']} points untried): {stopped}"
+            + (f"; promotion: {cover['promotion']}" if cover.get("promotion") else "")
+        )
     cost = outcome.cost
     lines.append(
         f"  cost: {cost['device_s']:.1f} device-s, {cost['llm_tokens']} LLM tokens "

@@ -632,3 +632,83 @@ def test_a_proposer_with_nothing_to_change_proposes_nothing(tinygpt):
     context = _context(tinygpt)
     quiet = ProposalContext(tinygpt, context.contract, {"train.py": context.editable["train.py"]})
     assert CatalogProposer().propose(quiet) == []
+
+
+# -- the proposer explains itself: applied, or why not, by file and line -----------------------
+
+_BRANCHED = """
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim, heads, attn="manual"):
+        super().__init__()
+        self.heads, self.attn = heads, attn
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.drop = nn.Dropout(0.1)
+        self.register_buffer("causal", torch.tril(torch.ones(64, 64)))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        if self.attn == "manual":
+            mask = torch.tril(torch.ones(T, T, device=x.device)).bool()
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            scores = scores.masked_fill(~mask, float("-inf"))
+            weights = F.softmax(scores, dim=-1)
+            out = weights @ v
+        elif self.attn == "dropout":
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            scores = scores.masked_fill(self.causal[:T, :T] == 0, float("-inf"))
+            out = self.drop(F.softmax(scores, dim=-1)) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out
+
+
+def optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+"""
+
+
+def _explained(tmp_path, source: str) -> dict[str, dict]:
+    (tmp_path / "model.py").write_text(_src(source))
+    proposer = CatalogProposer()
+    proposals = proposer.propose(ProposalContext(tmp_path, None, {"model.py": _src(source)}, {}))
+    explained = {e["codemod"]: e for e in proposer.explained}
+    assert [p.patch.name for p in proposals] == [f"catalog:{n}" for n, e in explained.items() if e["applied"]]
+    return explained
+
+
+def test_attention_inside_a_branch_on_a_flag_is_rewritten_and_the_forms_it_leaves_say_why(tmp_path):
+    explained = _explained(tmp_path, _BRANCHED)
+    sdpa = explained["sdpa-attention"]
+    assert sdpa["applied"] == ["model.py"]  # the manual branch, inside the if/elif of a method
+    [left] = sdpa["not_applied"]  # the dropout branch: a buffer mask, then dropout before @ v
+    assert left.startswith("model.py:26: attention scores in forward(): the mask self.causal[:T, :T] == 0")
+    assert "not visibly causal" in left
+    masks = explained["cached-causal-mask"]
+    assert masks["applied"] == ["model.py"]  # the mask rebuilt on every forward
+    assert any(w.startswith("model.py:14:") and "built once in __init__ already" in w for w in masks["not_applied"])
+    foreach = explained["foreach-optimizer"]
+    assert foreach["applied"] == [] and foreach["not_applied"] == [
+        "model.py:35: torch.optim.AdamW(...): it already says fused="
+    ]
+    assert explained["no-checkpoint"] == {
+        "codemod": "no-checkpoint",
+        "applied": [],
+        "not_applied": ["not found in the editable files (model.py)"],
+    }
+
+
+def test_dropout_between_softmax_and_v_is_named_as_the_reason(tmp_path):
+    source = _BRANCHED.replace(
+        'scores = scores.masked_fill(self.causal[:T, :T] == 0, float("-inf"))',
+        'scores = scores.masked_fill(torch.tril(torch.ones(T, T)) == 0, float("-inf"))',
+    )
+    reasons = _explained(tmp_path, source)["sdpa-attention"]["not_applied"]
+    assert len(reasons) == 1 and "is not followed directly by a product with v" in reasons[0], reasons

@@ -102,6 +102,18 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
         sum(r["device_s"] for r in rows if r["batch"].startswith(f"search-{out['search']}")), abs=1e-3
     )
     assert out["cost"]["by_status"].get("search:oom", 0) >= 1
+    # How much of the space was tried, and why it stopped where it did.
+    cover = out["coverage"]
+    assert cover["points"] >= cover["tried"] >= 3 and cover["untried"] == cover["points"] - cover["tried"]
+    assert cover["budget"] == 18 and cover["budget_left"] == 18 - out["executions"]
+    assert cover["exploration_stopped"] and cover["promotion"]
+    assert [c["codemod"] for c in out["catalog"]] == [
+        "sdpa-attention",
+        "foreach-optimizer",
+        "cached-causal-mask",
+        "no-checkpoint",
+    ]
+    assert all(c["applied"] == [] and c["not_applied"] for c in out["catalog"])  # sleeps: no idiom to rewrite
     # A pack of what this ledger verified.
     pack_path = tmp_path / "rescue-pack.json"
     done, exported = _cli("pack", "export", "--out", str(pack_path), "--json", cwd=root)

@@ -30,16 +30,22 @@ class Codemod:
 
     name: str
     description: str
-    rewrite: Callable[[cst.Module], cst.Module]  # returns the module unchanged where nothing matches
+    # (module, notes) -> the module, unchanged where nothing matches; notes get what it saw and left.
+    rewrite: Callable[..., cst.Module]
 
     def transform(self, source: str) -> str | None:
         """The rewritten text; None where it does not parse or nothing changes."""
+        return self.attempt(source)[0]
+
+    def attempt(self, source: str) -> tuple[str | None, list[tuple[int, str]]]:
+        """The rewritten text (None where nothing changes) and, by line, the idiom it saw and left, and why."""
         try:
             module = cst.parse_module(source)
-        except (cst.ParserSyntaxError, RecursionError):
-            return None
-        out = self.rewrite(module).code
-        return None if out == source else out
+        except (cst.ParserSyntaxError, RecursionError) as exc:
+            return None, [(getattr(exc, "raw_line", 0) or 0, "the file does not parse")]
+        notes: list[tuple[int, str]] = []
+        out = self.rewrite(module, notes).code
+        return (None if out == source else out), notes
 
 
 # ---------------------------------------------------------------- the catalog
@@ -93,24 +99,38 @@ def _plain_path(path: str) -> bool:
 
 
 class CatalogProposer:
-    """One proposal per codemod that changes at least one editable file: a diff over all it changed."""
+    """One proposal per codemod that changes at least one editable file: a diff over all it changed.
+
+    ``explained`` says, after :meth:`propose`, for every codemod: applied (to which files), or why
+    not (its idiom not found, or found in a form it does not rewrite, with file:line and the reason).
+    """
 
     name = "catalog"
 
     def __init__(self, codemods: tuple[Codemod, ...] = CATALOG) -> None:
         self.codemods = codemods
+        self.explained: list[dict] = []
 
     def propose(self, context: ProposalContext) -> list[Proposal]:
         """The proposals for this workspace's editable files, in catalog order."""
         out = []
+        self.explained = []
         for codemod in self.codemods:
-            diffs = []
+            diffs, applied, why = [], [], []
             for path, text in sorted(context.editable.items()):
-                after = codemod.transform(text) if _plain_path(path) else None
+                if not _plain_path(path):
+                    why.append(f"{path}: a path git would quote in a diff; not rewritten")
+                    continue
+                after, notes = codemod.attempt(text)
                 if after is not None:
                     diffs.append(unified_diff(path, text, after))
+                    applied.append(path)
+                why += [f"{path}:{line}: {note}" for line, note in notes]
             if diffs:
                 out.append(
                     Proposal(PatchRef(f"catalog:{codemod.name}", "".join(diffs)), self.name, codemod.description)
                 )
+            if not applied and not why:
+                why = [f"not found in the editable files ({', '.join(sorted(context.editable)) or 'none'})"]
+            self.explained.append({"codemod": codemod.name, "applied": applied, "not_applied": why})
         return out

@@ -165,6 +165,8 @@ class SearchOutcome:
     resumed: bool
     messages: list[str]
     history: list[dict]
+    catalog: list[dict] = field(default_factory=list)  # each codemod: applied, or why not
+    coverage: dict = field(default_factory=dict)  # points tried and untried, and why the search stopped
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `search --json`, with the details after it."""
@@ -183,4 +185,6 @@ class SearchOutcome:
             "resumed": self.resumed,
             "messages": self.messages,
             "history": self.history,
+            "catalog": self.catalog,
+            "coverage": self.coverage,
         }

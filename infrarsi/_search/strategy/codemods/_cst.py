@@ -9,9 +9,10 @@ from collections import Counter
 from collections.abc import Callable
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider, QualifiedNameProvider
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
 __all__ = [
+    "Notes",
     "source_of",
     "same_code",
     "is_number",
@@ -231,14 +232,23 @@ class Edits(cst.CSTTransformer):
         return edit(updated_node) if callable(edit) else edit
 
 
-class Qualified(cst.CSTVisitor):
-    """A visitor that can ask for a node's qualified names (``torch.ones`` however it was imported)."""
+# Where a codemod saw its idiom and did not rewrite it: (line, why), for the search to explain itself.
+Notes = list[tuple[int, str]]
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider)
+
+class Qualified(cst.CSTVisitor):
+    """A visitor that can ask for a node's qualified names (``torch.ones`` however it was imported)
+    and the line a node starts on."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider, PositionProvider)
 
     def qn(self, node: cst.CSTNode) -> set[str]:
         """The qualified names ``node`` may refer to; empty where it names nothing imported."""
         return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+
+    def line(self, node: cst.CSTNode) -> int:
+        position = self.get_metadata(PositionProvider, node, None)
+        return position.start.line if position is not None else 0
 
 
 # ---------------------------------------------------------------- causal masks

@@ -8,9 +8,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import MetadataWrapper, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from ._cst import source_of
+from ._cst import Notes, source_of
 
 __all__ = ["no_checkpoint"]
 
@@ -21,18 +21,20 @@ _CHECKPOINT_ONLY = {"use_reentrant", "preserve_rng_state", "context_fn", "determ
 class _Uncheckpoint(cst.CSTTransformer):
     """Rewrites each ``torch.utils.checkpoint.checkpoint(fn, *args)`` call into ``fn(*args)``."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: Notes = []
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         names = {q.name for q in self.get_metadata(QualifiedNameProvider, original_node.func, set())}
         args = updated_node.args
-        if (
-            "torch.utils.checkpoint.checkpoint" not in names
-            or not args
-            or args[0].keyword is not None
-            or args[0].star
-            or any(a.star == "**" for a in args)
-        ):
+        if "torch.utils.checkpoint.checkpoint" not in names:
+            return updated_node
+        if not args or args[0].keyword is not None or args[0].star or any(a.star == "**" for a in args):
+            line = self.get_metadata(PositionProvider, original_node).start.line
+            self.notes.append((line, "checkpoint(...): the function is not its first positional argument"))
             return updated_node
         fn = args[0].value
         if not isinstance(fn, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not fn.lpar:
@@ -43,9 +45,13 @@ class _Uncheckpoint(cst.CSTTransformer):
         return updated_node.with_changes(func=fn, args=kept)
 
 
-def no_checkpoint(module: cst.Module) -> cst.Module:
-    """``module`` with every checkpoint call unwrapped; the same object where there is none."""
-    new = MetadataWrapper(module).visit(_Uncheckpoint())
+def no_checkpoint(module: cst.Module, notes: Notes | None = None) -> cst.Module:
+    """``module`` with every checkpoint call unwrapped; the same object where there is none.
+    ``notes`` gets the calls it could not unwrap."""
+    transformer = _Uncheckpoint()
+    new = MetadataWrapper(module).visit(transformer)
+    if notes is not None:
+        notes.extend(transformer.notes)
     if new.deep_equals(module):
         return module
     context = CodemodContext()

@@ -14,6 +14,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from ._cst import (
     Edits,
+    Notes,
     Qualified,
     bindings_of,
     binds_torch,
@@ -43,6 +44,9 @@ _KEEPERS = {
     "setdefault",
 }
 
+# Methods that return a new tensor made from the mask (never the mask itself changed).
+_CONVERSIONS = {"bool", "float", "half", "to", "type", "logical_not"}
+
 _MASK_HELPER = '''@functools.lru_cache(maxsize=32)
 def {name}(rows, cols, dtype, device):
     """The causal mask, built once per size, dtype and device and shared: never modify it in place."""
@@ -58,6 +62,7 @@ class _FindMasks(Qualified):
         super().__init__()
         self.functions: list[cst.FunctionDef] = []
         self.found: list[tuple[cst.Call, list, dict]] = []
+        self.notes: Notes = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.append(node)
@@ -66,26 +71,43 @@ class _FindMasks(Qualified):
         self.functions.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not self.functions or self.functions[-1].name.value == "__init__":
-            return
         found = causal_triangle(node, self.qn)
         if found is None or found[0] != "tril":
             return
+        why = None
         sizes = [a.value for a in found[1].args if a.keyword is None]
         extra = {a.keyword.value: a.value for a in found[1].args if a.keyword is not None}
-        if (
-            all(map(is_simple, sizes))
-            and set(extra) <= {"dtype", "device"}
-            and all(is_simple(v) or isinstance(v, cst.SimpleString) for v in extra.values())
-            and self._only_read(node, self.functions[-1])
+        if not self.functions:
+            why = "built once at module level already"
+        elif self.functions[-1].name.value == "__init__":
+            why = "built once in __init__ already"
+        elif not all(map(is_simple, sizes)):
+            why = "its sizes are expressions, not names or numbers"
+        elif not set(extra) <= {"dtype", "device"} or not all(
+            is_simple(v) or isinstance(v, cst.SimpleString) for v in extra.values()
         ):
+            why = "torch.ones gets keywords other than a simple dtype and device"
+        elif not self._only_read(node, self.functions[-1]):
+            why = "the mask is changed in place or kept beyond the call, so one shared copy is not safe"
+        if why is None:
             self.found.append((node, sizes, extra))
+        else:
+            self.notes.append((self.line(node), f"a causal mask ({source_of(node)[:60]}): {why}"))
 
     def _parent(self, node: cst.CSTNode) -> cst.CSTNode:
         return self.get_metadata(ParentNodeProvider, node)
 
     def _only_read(self, call: cst.Call, func: cst.FunctionDef) -> bool:
         parent = self._parent(call)
+        # mask.bool() / .to(...) / .float(): a new tensor, made from the shared one by reading it.
+        while (
+            isinstance(parent, cst.Attribute)
+            and parent.attr.value in _CONVERSIONS
+            and isinstance(self._parent(parent), cst.Call)
+            and self._parent(parent).func is parent
+        ):
+            call = self._parent(parent)
+            parent = self._parent(call)
         if isinstance(parent, (cst.UnaryOperation, cst.Comparison, cst.ComparisonTarget)):
             return True
         if not (
@@ -169,14 +191,17 @@ def _insert(body: list, at: int, line: cst.BaseStatement, blank_after: int) -> N
     body.insert(at, line)
 
 
-def cached_causal_mask(module: cst.Module) -> cst.Module:
+def cached_causal_mask(module: cst.Module, notes: Notes | None = None) -> cst.Module:
     """``module`` with each shareable causal mask fetched from one cached helper; the same object where
-    there is none, or where the module does not import ``torch``."""
+    there is none, or where the module does not import ``torch``. ``notes`` gets the masks it saw and
+    left, with the reason."""
     if not binds_torch(module):
         return module
     wrapper = MetadataWrapper(module)
     finder = _FindMasks()
     wrapper.visit(finder)
+    if notes is not None:
+        notes.extend(finder.notes)
     if not finder.found:
         return module
     taken = name_counts(wrapper.module)

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from ._cst import (
     Bindings,
     Edits,
+    Notes,
     Qualified,
     bindings_of,
     binds_torch,
@@ -78,16 +79,22 @@ class _FindAttention(Qualified):
     def __init__(self, prefix: str) -> None:
         super().__init__()
         self.prefix, self.edits = prefix, {}
+        self.notes: Notes = []  # attention scores seen and not rewritten, with the reason
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         blocks, binds = _Blocks(node), bindings_of(node)
         node.visit(blocks)
         own = {stmt for body in blocks.blocks for stmt in body}
         for body in blocks.blocks:
-            for i in range(len(body) - 2):
-                edits = self._match(node, binds, own, body, i)
-                if edits:
-                    self.edits.update(edits)
+            for i in range(len(body)):
+                first = simple_assign(body[i])
+                if first is None or self._scores(first[1]) is None:
+                    continue
+                why = self._match(node, binds, own, body, i)
+                if isinstance(why, str):
+                    self.notes.append((self.line(body[i]), f"attention scores in {node.name.value}(): {why}"))
+                else:
+                    self.edits.update(why)
                     break
 
     def _qk(self, node) -> tuple | None:
@@ -116,6 +123,37 @@ class _FindAttention(Qualified):
             ):
                 return left, right.func.value
         return None
+
+    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def _within(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+        while node is not None and node is not ancestor:
+            node = self._parent(node)
+        return node is ancestor
+
+    def _only_in_sibling_branches(self, func, stmt, name: str, matched: list) -> bool:
+        """Whether every use of ``name`` outside the ``matched`` statements sits in another branch of
+        the if/elif/else whose branch holds ``stmt`` (and no loop encloses it): those never read
+        what the matched statements computed, the usual ``if attn == "manual": ... else: ...``."""
+        block = self._parent(stmt)
+        branch = self._parent(block) if block is not None else None
+        if not isinstance(branch, (cst.If, cst.Else)):
+            return False
+        top = branch
+        while isinstance(self._parent(top), cst.If) and self._parent(top).orelse is top:
+            top = self._parent(top)
+        node = top
+        while node is not None and node is not func:
+            node = self._parent(node)
+            if isinstance(node, (cst.For, cst.While)):
+                return False
+        for use in find_all(func, lambda n: is_name(n, name)):
+            if any(self._within(use, m) for m in matched):
+                continue
+            if not self._within(use, top) or self._within(use, block):
+                return False
+        return True
 
     def _head_dim(self, node, q, k) -> bool:
         """``x.shape[-1]`` or ``x.size(-1)`` for x the query or the key: SDPA's default scale uses it."""
@@ -258,18 +296,26 @@ class _FindAttention(Qualified):
 
         return find_all(stmt, pred)
 
-    def _match(self, func, binds: Bindings, own, body, i) -> dict | None:
+    def _match(self, func, binds: Bindings, own, body, i) -> dict | str:
+        """The edits for the attention whose scores line is ``body[i]``, or why there are none."""
         first = simple_assign(body[i])
-        if first is None or self._scores(first[1]) is None:
-            return None
         scores, (q, k, scale) = first[0], self._scores(first[1])
+        if i + 2 >= len(body):
+            return "the block ends before the mask, softmax and product with v"
         fill = body[i + 1]
         call = _fill_call(fill, scores)
-        if call is None or not _neg_inf(call.args[1].value, self.qn) or not all(map(is_simple, (q, k))):
-            return None
+        if call is None:
+            return f"the next statement is not {scores}.masked_fill(mask, -inf) (no mask, or an additive one)"
+        if not _neg_inf(call.args[1].value, self.qn):
+            return f"the mask fills with {source_of(call.args[1].value)}, not -inf"
+        if not all(map(is_simple, (q, k))):
+            return "the query or key is an expression, not a name"
         mask_line = self._causal(call.args[0].value, binds, own)
         if mask_line is False:
-            return None
+            return (
+                f"the mask {source_of(call.args[0].value)} is not visibly causal (a tril/triu of ones(T, T) built in "
+                "this function; a registered buffer or a mask passed in can't be checked)"
+            )
         stmts, final = [body[i], fill], body[i + 2]
         found = self._times_v(final, lambda x: self._softmax_of(x, scores))
         weights = simple_assign(final)
@@ -278,14 +324,19 @@ class _FindAttention(Qualified):
             final = body[i + 3]
             found = self._times_v(final, lambda x: is_name(x, weights[0]))
         if len(found) != 1:
-            return None
+            return (
+                f"softmax({scores}, dim=-1) is not followed directly by a product with v "
+                "(dropout on the weights, or other work between, changes what SDPA would compute)"
+            )
         product = found[0]
         v = product.right if isinstance(product, cst.BinaryOperation) else product.args[1].value
         moved = name_counts(q, k, v, *([scale] if scale is not None else []))
         temps = {scores} | ({weights[0]} if len(stmts) == 3 else set())
         whole, local = name_counts(func), name_counts(*stmts, final)
-        if any(whole[t] != local[t] or moved[t] for t in temps):
-            return None
+        if any(moved[t] for t in temps) or not all(
+            whole[t] == local[t] or self._only_in_sibling_branches(func, body[i], t, [*stmts, final]) for t in temps
+        ):
+            return f"{' or '.join(sorted(temps))} is read elsewhere in the function (the rewrite would drop it)"
         extra = f", scale={source_of(scale.with_changes(lpar=[], rpar=[]))}" if scale is not None else ""
         sdpa = cst.parse_expression(
             f"{self.prefix}.scaled_dot_product_attention("
@@ -369,13 +420,16 @@ def _pure(node: cst.CSTNode) -> bool:
     return is_simple(node)
 
 
-def sdpa_attention(module: cst.Module) -> cst.Module:
+def sdpa_attention(module: cst.Module, notes: Notes | None = None) -> cst.Module:
     """``module`` with each matched manual attention replaced by one SDPA call; the same object where
-    nothing matches or the module cannot name ``torch.nn.functional``."""
+    nothing matches or the module cannot name ``torch.nn.functional``. ``notes`` gets the attention
+    it saw and did not rewrite, with the reason."""
     prefix = _functional_prefix(module)
     if prefix is None:
         return module
     wrapper = MetadataWrapper(module)
     finder = _FindAttention(prefix)
     wrapper.visit(finder)
+    if notes is not None:
+        notes.extend(finder.notes)
     return wrapper.module.visit(Edits(finder.edits)) if finder.edits else module
