@@ -20,10 +20,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi._hashing import RECEIPTS_DIR, hash_protected
+from infrarsi._hashing import LAUNCH_FILE, RECEIPTS_DIR, hash_protected, launch_file_text
 from infrarsi._patch import parse_patch
 from infrarsi._workspace import open_workspace
-from infrarsi.contract import PatchRef, changes_from, launch_settings
+from infrarsi.contract import PatchRef, changes_from, launch_command
 from infrarsi.errors import ApplyRefused, PatchParseError, UsageError
 from infrarsi.signing import sha256_hex
 
@@ -58,13 +58,6 @@ class ApplyOutcome:
             "bundle": self.bundle,
             "apply_command": self.apply_command,
         }
-
-
-def launch_command(contract, knobs: dict[str, str]) -> dict:
-    """The contract's command with these knob settings: ``{argv, env, shell}`` (flags appended, env set)."""
-    argv, env = launch_settings(contract, knobs)
-    shell = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
-    return {"argv": argv, "env": env, "shell": shell}
 
 
 def receipt_bundle(raw: bytes, patches: list[PatchRef]) -> str:
@@ -303,9 +296,10 @@ def _branch(
                 git(["apply", "--whitespace=nowarn", *prefix, "-"], cwd=tree, input=p.text.encode())
             (where / RECEIPTS_DIR).mkdir(exist_ok=True)
             (where / bundle_rel).write_text(receipt_bundle(raw, patches))
+            (where / LAUNCH_FILE).write_text(launch_file_text(rid, speedup["median"], launch["shell"]))
             present = [t for t in touched if (where / t).exists()]
             gone = [t for t in touched if not (where / t).exists()]
-            git(["add", "--", *present, bundle_rel], cwd=where)
+            git(["add", "--", *present, bundle_rel, LAUNCH_FILE], cwd=where)
             if gone:
                 git(["rm", "--quiet", "--cached", "--ignore-unmatch", "--", *gone], cwd=where)
             git([*identity, "commit", "--quiet", "--no-verify", "-m", message], cwd=where)

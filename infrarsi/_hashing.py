@@ -18,6 +18,8 @@ __all__ = [
     "diff_hashes",
     "RECEIPTS_DIR",
     "BUNDLE_PATH",
+    "LAUNCH_FILE",
+    "launch_file_text",
 ]
 
 _SKIP_DIRS = {".infrarsi", ".git", "__pycache__"}
@@ -25,6 +27,14 @@ _SKIP_DIRS = {".infrarsi", ".git", "__pycache__"}
 RECEIPTS_DIR = "infrarsi-receipts"  # beside the contract, in the branch `infrarsi apply` writes
 # A receipt bundle as `apply` commits it (its id is the file name): evidence, not code.
 BUNDLE_PATH = re.compile(r"^infrarsi-receipts/[0-9a-f]{16}\.json$")
+# The launch line of the receipt `apply` committed, for the user's launcher: evidence too, checked
+# by `gate` against that receipt's signed `launch`.
+LAUNCH_FILE = "infrarsi-launch.txt"
+
+
+def launch_file_text(receipt_id: str, speedup: float, shell: str) -> str:
+    """What `apply` writes to ``LAUNCH_FILE``: a comment naming the receipt, then the line to run."""
+    return f"# infrarsi receipt {receipt_id} ({speedup:.3f}x): run the job with this line\n{shell}\n"
 
 
 def file_sha256(path: Path) -> str:
@@ -60,7 +70,7 @@ def hash_workspace(root: Path) -> dict[str, str]:
     out = {}
     for path in _files(root):
         rel = path.relative_to(root).as_posix()
-        if path.suffix != ".pyc" and not BUNDLE_PATH.match(rel):
+        if path.suffix != ".pyc" and not BUNDLE_PATH.match(rel) and rel != LAUNCH_FILE:
             out[rel] = file_sha256(path)
     return out
 

@@ -19,6 +19,7 @@ def write_receipt(
     """Sign and write ``.infrarsi/receipts/<id>.json`` (and keep a copy in the ledger); returns its path."""
     from infrarsi._hashing import hash_workspace
     from infrarsi._policy import VERDICT_VERSION, required_checks
+    from infrarsi.contract import launch_command
     from infrarsi.runner import pre_images
 
     body = {
@@ -37,6 +38,8 @@ def write_receipt(
         # Every file of the workspace as measured, so `gate` can tell a stale receipt from a fresh one.
         "workspace_files": hash_workspace(ws.contract.workspace),
         "knobs": dict(candidate.knobs),
+        # The ready-to-run line for those knobs: the speedup depends on it as much as on the patches.
+        "launch": launch_command(ws.contract, dict(candidate.knobs)),
         "environment": fingerprint,
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
         "required_checks": list(required_checks(ws.contract.numerics.require)),

@@ -4,11 +4,12 @@ code, its receipt bundles and the rest, and a `--patch` turned into a commit on 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from infrarsi._git import git, worktree
-from infrarsi._hashing import BUNDLE_PATH
+from infrarsi._hashing import BUNDLE_PATH, LAUNCH_FILE, RECEIPTS_DIR, launch_file_text
 from infrarsi.errors import GitError, UsageError
 
 __all__ = ["Change", "DIFF", "commit", "patched_commit", "changes", "show", "repo_path"]
@@ -81,7 +82,7 @@ def changes(top: Path, rel: str, base: str, head: str) -> Change:
         kinds = [_SPECIAL_MODES[m] for m in modes if m in _SPECIAL_MODES]
         if kinds:
             change.special.append(f"{local} ({kinds[0]})")
-        elif is_bundle(top, head, name, local):
+        elif is_bundle(top, head, name, local) or is_launch_file(top, head, name, local, prefix):
             change.bundles.append(local)
         else:
             change.inside.append(local)
@@ -101,6 +102,23 @@ def is_bundle(top: Path, head: str, name: str, local: str) -> bool:
         return json.loads(data).get("id") == Path(local).stem
     except (ValueError, AttributeError, UnicodeDecodeError):
         return False
+
+
+def is_launch_file(top: Path, head: str, name: str, local: str, prefix: str) -> bool:
+    """``infrarsi-launch.txt`` as `apply` writes it for a receipt bundle at the head (or deleted there)."""
+    if local != LAUNCH_FILE:
+        return False
+    data = show(top, head, name)
+    if data is None:
+        return True
+    match = re.match(r"# infrarsi receipt ([0-9a-f]{16}) ", data.decode("utf-8", "replace"))
+    bundle = show(top, head, f"{prefix}{RECEIPTS_DIR}/{match.group(1)}.json") if match else None
+    try:
+        body = json.loads(bundle)["receipt"]
+        expected = launch_file_text(match.group(1), body["speedup"]["median"], body["launch"]["shell"])
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return False
+    return data.decode("utf-8", "replace") == expected
 
 
 def show(top: Path, commit: str, path: str) -> bytes | None:

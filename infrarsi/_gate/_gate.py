@@ -29,7 +29,7 @@ from pathlib import Path
 from infrarsi._gate._carried import TRUSTED_KEYS_FILE, carried, carried_knobs, gives_head, trusted_keys_at
 from infrarsi._gate._change import DIFF, Change, changes, commit, patched_commit, repo_path, show
 from infrarsi._git import git, toplevel, worktree
-from infrarsi._hashing import RECEIPTS_DIR
+from infrarsi._hashing import LAUNCH_FILE, RECEIPTS_DIR
 from infrarsi.errors import UsageError
 
 __all__ = ["gate", "GateOutcome", "TRUSTED_KEYS_FILE"]
@@ -158,7 +158,7 @@ def gate(
         bundles = [
             (repo_path(rel, b), data)
             for b in change.bundles
-            if (data := show(top, head_sha, repo_path(rel, b))) is not None
+            if b != LAUNCH_FILE and (data := show(top, head_sha, repo_path(rel, b))) is not None
         ]
         if not rerun:
             for path, raw in bundles:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from infrarsi._search._pruning import prune
 from infrarsi._search._session import SearchSession
 from infrarsi._search.strategy._space import Point
 from infrarsi._search.strategy._state import promotion_cost
@@ -38,6 +39,7 @@ class Promotion:
             if len([a for a in session.attempts if a["accepted"]]) >= contract.search.promote_top:
                 session.meta["promote_stop"] = f"promote_top = {contract.search.promote_top} candidates were accepted"
                 break
+            point, dropped = prune(session, point, budget - session.launched() - cost, self._ablate)
             key = point.key()
             if key in done:
                 continue
@@ -51,7 +53,7 @@ class Promotion:
                 break
             n = len(session.meta.setdefault("promotions", []))
             batch = f"{session.batch}-verify-{n}"
-            entry = {"key": key, "batch": batch, "finished": False, **point.describe()}
+            entry = {"key": key, "batch": batch, "finished": False, **point.describe(), "dropped": dropped}
             session.meta["promotions"].append(entry)
             session.save()
 
@@ -71,6 +73,13 @@ class Promotion:
             session.save()
             session.attempts.append(entry)
             done.add(key)
+
+    def _ablate(self, point: Point) -> float | None:
+        """One run of ``point`` (a candidate without one of its changes); its step time if it finished ok."""
+        from infrarsi._search._exploring import Exploration
+
+        obs = Exploration(self.session)._run(point, "ablation")
+        return obs.step_time_s if obs.status == "ok" else None
 
     def _settle(self) -> set[str]:
         """Promotions begun before a resume: finished ones count again (accepted only if their

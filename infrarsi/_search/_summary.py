@@ -33,6 +33,8 @@ def search_summary(outcome) -> str:
             else "not promoted (" + ", ".join(attempt.get("failed") or ["no receipt"]) + ")"
         )
         sp = attempt.get("speedup")
+        for drop in attempt.get("dropped") or []:
+            lines.append(f"  dropped {drop['dropped']} before verifying: {drop['why']}")
         lines.append(f"  verify {_name(attempt)}: {verdict}" + (f", {sp['median']:.2f}x" if sp else ""))
     for found in outcome.incompatibilities:
         kind = "incompatible" if found["learned"] else "failed together"

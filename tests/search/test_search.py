@@ -107,13 +107,7 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
     assert cover["points"] >= cover["tried"] >= 3 and cover["untried"] == cover["points"] - cover["tried"]
     assert cover["budget"] == 18 and cover["budget_left"] == 18 - out["executions"]
     assert cover["exploration_stopped"] and cover["promotion"]
-    assert [c["codemod"] for c in out["catalog"]] == [
-        "sdpa-attention",
-        "foreach-optimizer",
-        "cached-causal-mask",
-        "no-checkpoint",
-    ]
-    assert all(c["applied"] == [] and c["not_applied"] for c in out["catalog"])  # sleeps: no idiom to rewrite
+    assert out["catalog"] == []  # the landscape's contract asks for its own patches only
     # A pack of what this ledger verified.
     pack_path = tmp_path / "rescue-pack.json"
     done, exported = _cli("pack", "export", "--out", str(pack_path), "--json", cwd=root)
