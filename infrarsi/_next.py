@@ -100,7 +100,7 @@ def _speedup(check: CheckResult, contract: Contract, knobs: dict, patches: list[
     return (
         f"{need} pairs would resolve the measured {median:.3f}x at the measured noise (4 times in 5): "
         f"`{verify_command(contract, knobs, patches, need)}`, or set [search] ab_pairs = {need} "
-        f"(now {search.ab_pairs})"
+        f"(now {search.ab_pairs}; then `infrarsi init --update`, which keeps the baseline)"
     )
 
 
