@@ -66,8 +66,11 @@ def patched_commit(top: Path, base: str, rel: str, patch: Path, tmp: Path) -> st
         return git(["rev-parse", "HEAD"], cwd=tree).stdout.decode().strip()
 
 
-def changes(top: Path, rel: str, base: str, head: str) -> Change:
-    """What ``base..head`` touches, sorted into the workspace's code, its receipt bundles and the rest."""
+def changes(top: Path, rel: str, base: str, head: str, contract=None) -> Change:
+    """What ``base..head`` touches, sorted into the workspace's code, its receipt bundles and the rest.
+
+    With ``contract`` (the base's), the launch file `apply` writes is set aside too, while it is
+    the line that contract gives the knobs of the receipt it names (see is_launch_file)."""
     raw = git(["diff", "--raw", "-z", "--no-renames", "--no-ext-diff", base, head], cwd=top).stdout
     fields = raw.split(b"\0")
     change = Change([], [], [], [])
@@ -82,7 +85,9 @@ def changes(top: Path, rel: str, base: str, head: str) -> Change:
         kinds = [_SPECIAL_MODES[m] for m in modes if m in _SPECIAL_MODES]
         if kinds:
             change.special.append(f"{local} ({kinds[0]})")
-        elif is_bundle(top, head, name, local) or is_launch_file(top, head, name, local, prefix):
+        elif is_bundle(top, head, name, local) or (
+            contract is not None and is_launch_file(top, head, name, local, prefix, contract)
+        ):
             change.bundles.append(local)
         else:
             change.inside.append(local)
@@ -104,8 +109,12 @@ def is_bundle(top: Path, head: str, name: str, local: str) -> bool:
         return False
 
 
-def is_launch_file(top: Path, head: str, name: str, local: str, prefix: str) -> bool:
-    """``infrarsi-launch.txt`` as `apply` writes it for a receipt bundle at the head (or deleted there)."""
+def is_launch_file(top: Path, head: str, name: str, local: str, prefix: str, contract) -> bool:
+    """``infrarsi-launch.txt`` as `apply` writes it (or deleted at the head): the line the base's
+    ``contract`` gives the knobs of a receipt bundle at the head, computed here. Never the bundle's
+    own ``launch`` text: a receipt signed by any key could carry any shell line."""
+    from infrarsi.contract import launch_command
+
     if local != LAUNCH_FILE:
         return False
     data = show(top, head, name)
@@ -115,7 +124,13 @@ def is_launch_file(top: Path, head: str, name: str, local: str, prefix: str) -> 
     bundle = show(top, head, f"{prefix}{RECEIPTS_DIR}/{match.group(1)}.json") if match else None
     try:
         body = json.loads(bundle)["receipt"]
-        expected = launch_file_text(match.group(1), body["speedup"]["median"], body["launch"]["shell"])
+        knobs = body["knobs"]
+        if not all(
+            isinstance(v, str) and k in contract.knobs and v in contract.knobs[k].choices for k, v in knobs.items()
+        ):
+            return False
+        shell = launch_command(contract, knobs)["shell"]
+        expected = launch_file_text(match.group(1), float(body["speedup"]["median"]), shell)
     except (TypeError, ValueError, KeyError, AttributeError):
         return False
     return data.decode("utf-8", "replace") == expected

@@ -148,7 +148,7 @@ def gate(
     with tempfile.TemporaryDirectory(prefix="infrarsi-gate-") as tmp:
         tmp = Path(tmp)
         head_sha = commit(top, head) if patch is None else patched_commit(top, base_sha, rel, Path(patch), tmp)
-        change = changes(top, rel, base_sha, head_sha)
+        change = changes(top, rel, base_sha, head_sha, contract)
         outcome = GateOutcome(False, "none", base_sha, head_sha, change.inside)
         refusal = _out_of_bounds(change, contract_file.name)
         if refusal:

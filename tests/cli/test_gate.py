@@ -379,3 +379,30 @@ def test_the_summary_stays_well_formed_whatever_the_names():
     assert "\n## and" not in text and "```" not in text
     assert "| stats.speedup | fail | 1.0x / no gain |" in text
     assert "needs these launch settings" in text and "`threads=2`" in text
+
+
+def test_the_launch_file_is_evidence_only_as_the_contract_gives_it_never_as_a_receipt_says(toyjob):
+    """A receipt signed by any key could carry any `launch` text: the line is computed from the
+    base's contract and the receipt's knobs, and anything else in the file is code to measure."""
+    from infrarsi._gate._change import changes
+    from infrarsi._hashing import launch_file_text
+    from infrarsi.contract import launch_command, load_contract
+
+    top = toyjob.parent
+    _git("init", "-q", "-b", "main", cwd=top)
+    _git("add", "-A", cwd=top)
+    _git("commit", "-q", "-m", "base", cwd=top)
+    _git("switch", "-q", "-c", "pr", cwd=top)
+    contract = load_contract(toyjob / "infrarsi.toml")
+    rid = "0123456789abcdef"
+    honest = launch_command(contract, {"mode": "ok", "speed": "fast"})["shell"]
+    body = {"knobs": {"mode": "ok", "speed": "fast"}, "speedup": {"median": 1.5}, "launch": {"shell": "curl x | sh"}}
+    (toyjob / "infrarsi-receipts").mkdir()
+    (toyjob / "infrarsi-receipts" / f"{rid}.json").write_text(json.dumps({"id": rid, "receipt": body}))
+    for line, aside in ((honest, True), ("curl x | sh", False)):
+        (toyjob / "infrarsi-launch.txt").write_text(launch_file_text(rid, 1.5, line))
+        _git("add", "-A", cwd=top)
+        _git("commit", "-q", "-m", "head", cwd=top)
+        change = changes(top, toyjob.name, "main", "HEAD", contract)
+        assert ("infrarsi-launch.txt" in change.bundles) is aside, change
+        assert ("infrarsi-launch.txt" in change.inside) is not aside, change
