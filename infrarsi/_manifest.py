@@ -133,19 +133,30 @@ def build_manifest(
 def load_manifest(path: Path) -> Manifest:
     """Read a manifest file; raises ManifestError if it is unreadable or its signature fails."""
     try:
-        return parse_manifest(Path(path).read_text(), str(path))
+        text = Path(path).read_text(errors="replace")
     except FileNotFoundError:
         raise ManifestError(f"{path}: no manifest (run `infrarsi init` first)") from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the manifest ({exc.strerror or exc})") from None
+    return parse_manifest(text, str(path))
+
+
+MAX_MANIFEST_BYTES = 16 * 2**20  # far above any real one (a hash per protected file)
 
 
 def parse_manifest(text: str, where: str) -> Manifest:
-    """A manifest from its JSON text; raises ManifestError if it is malformed or its signature fails."""
+    """A manifest from its JSON text; raises ManifestError if it is malformed (whatever is wrong
+    with it: nesting, NaN, text that is not UTF-8, the size) or its signature fails."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{where}: {len(text)} characters, more than a manifest holds")
     try:
         data = json.loads(text)
         manifest = Manifest(data["manifest"], data["signature"])
-        manifest.public_key  # noqa: B018 - must exist
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{where}: not a manifest written by `infrarsi init` ({exc})") from None
-    if not manifest.verifies():
+        if not isinstance(manifest.body, dict) or not is_public_key(str(manifest.public_key)):
+            raise ValueError("no manifest body with a public key")
+        verified = manifest.verifies()
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeError) as exc:
+        raise ManifestError(f"{where}: not a manifest written by `infrarsi init` ({type(exc).__name__})") from None
+    if not verified:
         raise ManifestError(f"{where}: the manifest signature does not verify")
     return manifest

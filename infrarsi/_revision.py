@@ -10,6 +10,7 @@ settings, tolerances, a new knob whose baseline value launches what already ran)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from infrarsi._manifest import MANIFEST_NAME, Manifest, build_manifest, load_manifest, parse_manifest
 from infrarsi._workspace import KEYS_DIR, LEDGER_NAME
@@ -17,7 +18,16 @@ from infrarsi.contract import Contract, launch_settings, load_contract, parse_co
 from infrarsi.errors import ContractError, ManifestError, UsageError
 from infrarsi.ledger import KeyPair, Ledger
 
-__all__ = ["Revision", "revise", "classify", "manifests_in", "check_baseline_current"]
+__all__ = [
+    "Revision",
+    "revise",
+    "classify",
+    "manifests_in",
+    "check_baseline_current",
+    "stale_baseline",
+    "stored_contract",
+    "measured_under",
+]
 
 # Contract keys that decide what the baseline measured, beyond the launch itself.
 _MEASURING = (
@@ -56,9 +66,19 @@ class Revision:
         }
 
 
-def classify(old: Contract, new: Contract, old_files: dict[str, str], new_files: dict[str, str]) -> Revision:
+def classify(
+    old: Contract,
+    new: Contract,
+    old_files: dict[str, str],
+    new_files: dict[str, str],
+    workspace: Path | None = None,
+) -> Revision:
     """Every difference between ``old`` and ``new`` (and the files pinned under each), sorted into
-    those that change what the baseline measured and those that don't."""
+    those that change what the baseline measured and those that don't.
+
+    A file pinned under ``old`` and not under ``new`` keeps the baseline only where it is
+    unchanged in ``workspace``; without a workspace (the audit, from the ledger alone) its
+    content can't be seen, and it is kept with a note saying so."""
     rev = Revision()
     launch_old = launch_settings(old, old.baseline_knobs())
     launch_new = launch_settings(new, new.baseline_knobs())
@@ -81,7 +101,12 @@ def classify(old: Contract, new: Contract, old_files: dict[str, str], new_files:
     for rel in sorted(set(new_files) - set(old_files) - contract_names):
         rev.kept.append(f"protected file {rel} newly pinned")
     for rel in sorted(set(old_files) - set(new_files) - contract_names):
-        rev.kept.append(f"file {rel} no longer protected")
+        if workspace is None:
+            rev.kept.append(f"file {rel} no longer protected (its content now not checked)")
+        elif _hash_or_none(workspace / rel) == old_files[rel]:
+            rev.kept.append(f"file {rel} no longer protected (unchanged)")
+        else:
+            rev.baseline_required.append(f"protected file {rel} no longer protected, and changed or gone")
     measured = {f"{s}.{k}" for s, k in _MEASURING}
     for section in ("task", "scope", "timing", "numerics", "resources", "search"):
         before, after = getattr(old, section).values, getattr(new, section).values
@@ -105,6 +130,15 @@ def classify(old: Contract, new: Contract, old_files: dict[str, str], new_files:
         elif patches_old[name] != patches_new[name]:
             rev.kept.append(f"patch {name} changed")
     return rev
+
+
+def _hash_or_none(path: Path) -> str | None:
+    from infrarsi._hashing import file_sha256
+
+    try:
+        return file_sha256(path) if path.is_file() else None
+    except OSError:
+        return None
 
 
 def manifests_in(ledger: Ledger) -> dict[str, Manifest | str]:
@@ -147,7 +181,7 @@ def revise(contract_path) -> tuple[Manifest, Revision]:
         from infrarsi._hashing import hash_protected
 
         files = hash_protected(contract.workspace, contract.protected_globs)
-        revision = classify(old, contract, current.files, files)
+        revision = classify(old, contract, current.files, files, contract.workspace)
         if contract.sha256 == current.body["contract_sha256"] and files == current.files:
             revision.number, revision.changed = current.revision, False
             revision.previous, revision.manifest_sha256 = current.previous, current.sha256
@@ -169,25 +203,60 @@ def revise(contract_path) -> tuple[Manifest, Revision]:
     return manifest, revision
 
 
-def check_baseline_current(ledger: Ledger, current: Manifest, baseline: dict) -> None:
-    """Raise UsageError unless ``baseline`` still measures the job of the ``current`` revision:
-    walking back from it to the revision the baseline ran under, none may require a new one."""
+def stored_contract(ledger: Ledger, manifest: Manifest, path: Path) -> Contract | str:
+    """The contract ``manifest`` pinned, parsed from the ledger's blob as if at ``path``; or why not."""
+    data = ledger.get_blob(str(manifest.body.get("contract_sha256")))
+    if data is None:
+        return f"the contract of manifest revision {manifest.revision} is not in the ledger"
+    try:
+        return parse_contract(data.decode("utf-8", "replace"), path, check_files=False)
+    except ContractError as exc:
+        return f"the contract of manifest revision {manifest.revision} does not parse today ({exc})"
+
+
+def measured_under(ledger: Ledger, baseline: dict) -> str | None:
+    """The manifest (sha256) the baseline's runs ran under; None for one with no recorded run."""
     rows = baseline["summary"].get("executions") or []
     first = ledger.get_execution(rows[0]) if rows else None
-    measured_under = first.get("manifest_hash") if first else None
-    if measured_under is None:
-        return  # a baseline with no recorded runs predates revisions: nothing to walk back to
-    chain = manifests_in(ledger)
-    manifest: Manifest | str | None = current
-    while isinstance(manifest, Manifest) and manifest.sha256 != measured_under:
-        if manifest.baseline_required:
-            raise UsageError(
-                f"contract revision {manifest.revision} changed what the stored baseline measured "
-                f"({'; '.join(manifest.baseline_required)}): run `infrarsi baseline` for a new one"
-            )
-        manifest = chain.get(manifest.previous) if manifest.previous else None
-    if not isinstance(manifest, Manifest):
-        raise UsageError(
-            f"the stored baseline (batch {baseline.get('batch')}) was measured under a manifest that is not "
-            f"in this workspace's chain of contract revisions: run `infrarsi baseline` for a new one"
+    return first.get("manifest_hash") if first else None
+
+
+def stale_baseline(
+    ledger: Ledger,
+    chain: dict[str, Manifest | str],
+    manifest: Manifest,
+    contract: Contract | None,
+    baseline: dict,
+    workspace: Path | None = None,
+) -> str | None:
+    """Why ``baseline`` does not measure the job of ``manifest`` (``contract``: its parsed contract,
+    None to read it from the ledger), or None when it does. The two endpoints are compared
+    directly (not the flags each revision on the way recorded, which a signer could set at will)."""
+    under = measured_under(ledger, baseline)
+    if under is None or under == manifest.sha256:
+        return None
+    base = chain.get(under)
+    if not isinstance(base, Manifest) or base.public_key != manifest.public_key:
+        return (
+            f"the stored baseline (batch {baseline.get('batch')}) ran under a manifest this ledger does not "
+            "hold, signed by this key"
         )
+    path = contract.path if contract is not None else Path("infrarsi.toml")
+    old, new = stored_contract(ledger, base, path), contract or stored_contract(ledger, manifest, path)
+    if isinstance(old, str) or isinstance(new, str):
+        return old if isinstance(old, str) else new
+    revision = classify(old, new, base.files, manifest.files, workspace)
+    if not revision.baseline_required:
+        return None
+    return (
+        f"contract revision {manifest.revision} changed what the stored baseline measured (it ran under "
+        f"revision {base.revision}: {'; '.join(revision.baseline_required)})"
+    )
+
+
+def check_baseline_current(ledger: Ledger, current: Manifest, baseline: dict, contract: Contract) -> None:
+    """Raise UsageError unless ``baseline`` still measures the job of the ``current`` revision
+    (``contract``, the workspace's own, pinned by it)."""
+    why = stale_baseline(ledger, manifests_in(ledger), current, contract, baseline, contract.workspace)
+    if why is not None:
+        raise UsageError(f"{why}: run `infrarsi baseline` for a new one")

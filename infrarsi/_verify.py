@@ -106,7 +106,7 @@ def verify(
         stored = ws.ledger.latest_baseline()
         if stored is None:
             raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
-        check_baseline_current(ws.ledger, ws.manifest, stored)
+        check_baseline_current(ws.ledger, ws.manifest, stored, ws.contract)
         pairs = ws.contract.search.ab_pairs if pairs is None else pairs
         if pairs < 0:
             raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")

@@ -235,6 +235,14 @@ class Ledger:
         """The manifests (by sha256) the executions ran under."""
         return {row[0] for row in self.db.execute("SELECT DISTINCT manifest_hash FROM executions") if row[0]}
 
+    def judged_against(self) -> set[tuple[str, int]]:
+        """``(manifest_hash, baseline_id)`` of the judged executions: which baseline each manifest's runs met."""
+        sql = (
+            "SELECT DISTINCT manifest_hash, baseline_id FROM executions "
+            "WHERE baseline_id IS NOT NULL AND manifest_hash IS NOT NULL"
+        )
+        return {(row[0], int(row[1])) for row in self.db.execute(sql)}
+
     def count(self) -> int:
         """How many executions are stored."""
         return self.db.execute("SELECT count(*) FROM executions").fetchone()[0]

@@ -160,7 +160,7 @@ def search(
         stored = ws.ledger.latest_baseline()
         if stored is None:
             raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
-        check_baseline_current(ws.ledger, ws.manifest, stored)
+        check_baseline_current(ws.ledger, ws.manifest, stored, ws.contract)
         pack_data = None
         if pack is not None:
             from infrarsi._search._pack import load_pack
@@ -182,6 +182,7 @@ def search(
             stored = ws.ledger.baseline(meta["baseline_id"]) if "baseline_id" in meta else stored
             if stored is None:
                 raise UsageError(f"--resume: the baseline the search started with ({meta['baseline_id']}) is missing")
+            check_baseline_current(ws.ledger, ws.manifest, stored, ws.contract)
             if pack_data is None and meta.get("pack"):
                 from infrarsi._search._pack import load_pack
 
