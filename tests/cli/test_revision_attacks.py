@@ -185,7 +185,8 @@ def test_audit_must_see_the_current_revision_taken_out_of_the_ledger(cli, baseli
     with db:
         db.execute("DROP TRIGGER blobs_no_delete")
         db.execute(
-            "DELETE FROM blobs WHERE hash IN (SELECT hash FROM blobs WHERE kind = 'manifest' ORDER BY rowid DESC LIMIT 1)"
+            "DELETE FROM blobs WHERE hash IN "
+            "(SELECT hash FROM blobs WHERE kind = 'manifest' ORDER BY rowid DESC LIMIT 1)"
         )
         (meta,) = db.execute("SELECT value FROM meta WHERE key = 'manifest_sha256'").fetchone()
     db.close()
