@@ -4,12 +4,11 @@ code, its receipt bundles and the rest, and a `--patch` turned into a commit on 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from infrarsi._git import git, worktree
-from infrarsi._hashing import BUNDLE_PATH, LAUNCH_FILE, RECEIPTS_DIR, launch_file_text
+from infrarsi._hashing import BUNDLE_PATH, LAUNCH_FILE
 from infrarsi.errors import GitError, UsageError
 
 __all__ = ["Change", "DIFF", "commit", "patched_commit", "changes", "show", "repo_path"]
@@ -66,11 +65,11 @@ def patched_commit(top: Path, base: str, rel: str, patch: Path, tmp: Path) -> st
         return git(["rev-parse", "HEAD"], cwd=tree).stdout.decode().strip()
 
 
-def changes(top: Path, rel: str, base: str, head: str, contract=None) -> Change:
+def changes(top: Path, rel: str, base: str, head: str) -> Change:
     """What ``base..head`` touches, sorted into the workspace's code, its receipt bundles and the rest.
 
-    With ``contract`` (the base's), the launch file `apply` writes is set aside too, while it is
-    the line that contract gives the knobs of the receipt it names (see is_launch_file)."""
+    The launch file `apply` writes goes with the bundles here; the gate keeps it aside only
+    where it is the line of the knobs it vouches for (`_gate._launch_vouched`), else it is code."""
     raw = git(["diff", "--raw", "-z", "--no-renames", "--no-ext-diff", base, head], cwd=top).stdout
     fields = raw.split(b"\0")
     change = Change([], [], [], [])
@@ -85,9 +84,7 @@ def changes(top: Path, rel: str, base: str, head: str, contract=None) -> Change:
         kinds = [_SPECIAL_MODES[m] for m in modes if m in _SPECIAL_MODES]
         if kinds:
             change.special.append(f"{local} ({kinds[0]})")
-        elif is_bundle(top, head, name, local) or (
-            contract is not None and is_launch_file(top, head, name, local, prefix, contract)
-        ):
+        elif is_bundle(top, head, name, local) or local == LAUNCH_FILE:
             change.bundles.append(local)
         else:
             change.inside.append(local)
@@ -107,33 +104,6 @@ def is_bundle(top: Path, head: str, name: str, local: str) -> bool:
         return json.loads(data).get("id") == Path(local).stem
     except (ValueError, AttributeError, UnicodeDecodeError):
         return False
-
-
-def is_launch_file(top: Path, head: str, name: str, local: str, prefix: str, contract) -> bool:
-    """``infrarsi-launch.txt`` as `apply` writes it (or deleted at the head): the line the base's
-    ``contract`` gives the knobs of a receipt bundle at the head, computed here. Never the bundle's
-    own ``launch`` text: a receipt signed by any key could carry any shell line."""
-    from infrarsi.contract import launch_command
-
-    if local != LAUNCH_FILE:
-        return False
-    data = show(top, head, name)
-    if data is None:
-        return True
-    match = re.match(r"# infrarsi receipt ([0-9a-f]{16}) ", data.decode("utf-8", "replace"))
-    bundle = show(top, head, f"{prefix}{RECEIPTS_DIR}/{match.group(1)}.json") if match else None
-    try:
-        body = json.loads(bundle)["receipt"]
-        knobs = body["knobs"]
-        if not all(
-            isinstance(v, str) and k in contract.knobs and v in contract.knobs[k].choices for k, v in knobs.items()
-        ):
-            return False
-        shell = launch_command(contract, knobs)["shell"]
-        expected = launch_file_text(match.group(1), float(body["speedup"]["median"]), shell)
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return False
-    return data.decode("utf-8", "replace") == expected
 
 
 def show(top: Path, commit: str, path: str) -> bytes | None:

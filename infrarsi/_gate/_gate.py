@@ -148,7 +148,7 @@ def gate(
     with tempfile.TemporaryDirectory(prefix="infrarsi-gate-") as tmp:
         tmp = Path(tmp)
         head_sha = commit(top, head) if patch is None else patched_commit(top, base_sha, rel, Path(patch), tmp)
-        change = changes(top, rel, base_sha, head_sha, contract)
+        change = changes(top, rel, base_sha, head_sha)
         outcome = GateOutcome(False, "none", base_sha, head_sha, change.inside)
         refusal = _out_of_bounds(change, contract_file.name)
         if refusal:
@@ -163,6 +163,9 @@ def gate(
         if not rerun:
             for path, raw in bundles:
                 problem = carried(top, rel, contract_file.name, base_sha, head_sha, raw, keys, change, tmp)
+                if problem is None and not _launch_vouched(top, rel, head_sha, change, contract, raw_knobs(raw)):
+                    problem = f"{LAUNCH_FILE} is not this receipt's launch line"
+                    _launch_is_code(change, outcome)
                 if problem is None:
                     body = json.loads(raw)
                     outcome.passed, outcome.mode = True, "receipt"
@@ -183,7 +186,39 @@ def gate(
             outcome.notes.append("no change inside the workspace: nothing to verify")
             return outcome
         knobs = dict(sets or {}) or carried_knobs(bundles, contract, outcome.notes)
+        if not _launch_vouched(top, rel, head_sha, change, contract, {**contract.baseline_knobs(), **knobs}):
+            _launch_is_code(change, outcome)
         return _rerun(outcome, top, rel, contract, base_sha, head_sha, knobs, change, runs, pairs, out, tmp, progress)
+
+
+def raw_knobs(raw: bytes) -> dict:
+    return dict(json.loads(raw)["receipt"].get("knobs") or {})
+
+
+def _launch_vouched(top: Path, rel: str, head: str, change: Change, contract, knobs: dict) -> bool:
+    """Whether the launch file the change carries (if any) is exactly the line the base's contract
+    gives ``knobs``, the settings this gate vouches for. Never a receipt's own ``launch`` text: a
+    receipt signed by any key could carry any shell line."""
+    from infrarsi.contract import launch_command
+
+    if LAUNCH_FILE not in change.bundles:
+        return True
+    data = show(top, head, repo_path(rel, LAUNCH_FILE))
+    if data is None:
+        return True  # deleted: nothing will be launched from it
+    lines = data.decode("utf-8", "replace").split("\n")
+    try:
+        expected = launch_command(contract, knobs)["shell"]
+    except (KeyError, TypeError, ValueError):
+        return False
+    return len(lines) == 3 and lines[0].startswith("# infrarsi receipt ") and lines[1] == expected and lines[2] == ""
+
+
+def _launch_is_code(change: Change, outcome: GateOutcome) -> None:
+    change.bundles.remove(LAUNCH_FILE)
+    change.inside.append(LAUNCH_FILE)
+    change.inside.sort()
+    outcome.notes.append(f"{LAUNCH_FILE}: not the launch line of the settings measured; it is a change to measure")
 
 
 def _out_of_bounds(change: Change, contract_name: str) -> str | None:

