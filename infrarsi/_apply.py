@@ -101,7 +101,7 @@ def apply(
         if not manifest.passed:
             raise ApplyRefused(
                 f"{contract.workspace}: {manifest.detail} (`infrarsi init` pinned them); "
-                "restore them, or `init --force` and measure again"
+                "restore them, or pin them with `infrarsi init --update` and measure again"
             )
         if "protected_files" in body and body["protected_files"] != manifest_files(ws):
             raise ApplyRefused(

@@ -75,13 +75,16 @@ def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[flo
     return merged, (spread if seen_any else None)
 
 
-def _mfu(results, receipt_sets, warmup, measure, peak_tflops, flops, tokens_per_s):
+def _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device):
     """MFU, the peak it is measured against, and a warning when it is too high to believe.
 
-    No MFU without a peak (the contract's, or the table's for the GPU the baseline ran on)."""
+    No MFU without a peak: the contract's, or, for a job on ``cuda`` (or a device not said), the
+    table's for the one kind of GPU the machine has, per GPU (a job on one GPU)."""
     if not isinstance(flops, (int, float)) or isinstance(flops, bool) or not tokens_per_s:
         return None, None, None
     gpus = ((results[0].evidence or {}).get("fingerprint") or {}).get("gpus") or []
+    if device == "cpu":
+        gpus = []  # a CPU job on a GPU machine: the GPU's peak says nothing about it
     steps = steps_from_lines(results[0].receipts.decode("utf-8", "replace").splitlines())
     seen, _ = observed_precisions([s for s in steps if warmup < s.step <= warmup + measure])
     peak = peak_for(peak_tflops, [str(g) for g in gpus], training_precision(seen))
@@ -105,6 +108,7 @@ def summarise(
     measure: int,
     peak_tflops: float | None,
     tokens_per_step: int | None = None,
+    device: str | None = None,
 ) -> BaselineSummary:
     """Statistics of successful baseline runs (pure: evidence in, summary out)."""
     receipt_sets = [parse_receipts(r.receipts.decode("utf-8", "replace").splitlines()) for r in results]
@@ -131,7 +135,7 @@ def summarise(
     tokens_per_s = tokens_per_step / center if tokens_per_step and center > 0 else None
     declared = receipt_sets[0].declared()
     flops = declared.get("flops_per_token", declared.get("flops_per_token_estimate"))
-    mfu, peak, warning = _mfu(results, receipt_sets, warmup, measure, peak_tflops, flops, tokens_per_s)
+    mfu, peak, warning = _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device)
     peaks = [r.peak_mem_mb for r in results if r.peak_mem_mb is not None]
     steps = warmup + measure
     reference, spread = {}, {}
@@ -236,6 +240,7 @@ def baseline(
             timing.measure_steps,
             ws.contract.resources.peak_tflops,
             ws.contract.task.tokens_per_step,
+            ws.contract.resources.device,
         )
         if observed:
             # The original setup once more, observed at every step (its time is not a measurement).

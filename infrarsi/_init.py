@@ -62,6 +62,7 @@ def init(contract_path: str | Path = "infrarsi.toml", force: bool = False, updat
         manifest, revision = revise(contract_path)
         contract = load_contract(contract_path)
         state = contract.state_dir
+        _keep_out_of_git(state)  # a workspace initialised before `init` wrote one gets it now
         return InitResult(
             state, state / LEDGER_NAME, state / MANIFEST_NAME, manifest.sha256, manifest.files, None, revision.to_json()
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from infrarsi.contract import Contract
+from infrarsi.contract import DEFAULT_CONTRACT, Contract
 from infrarsi.verifiers import CheckResult, pairs_to_resolve, step_ranges
 
 __all__ = ["next_steps", "verify_command"]
@@ -17,6 +17,8 @@ __all__ = ["next_steps", "verify_command"]
 def verify_command(contract: Contract, knobs: dict, patches: list[str], pairs: int | None = None) -> str:
     """The `infrarsi verify` line that measures this candidate again."""
     parts = ["infrarsi", "verify"]
+    if contract.path.name != DEFAULT_CONTRACT:
+        parts += ["--contract", str(contract.path)]
     for name, value in knobs.items():
         knob = contract.knobs.get(name)
         if knob is None or str(value) != str(knob.baseline):
@@ -63,6 +65,11 @@ def next_steps(
                 "the source audit flagged the patch (the detail names file:line:col); "
                 f"see the rule in docs/audit-rules.md#{check.id.split('.', 1)[1]} and rewrite the change "
                 "so the timed step still does all its work, or drop it"
+            )
+        elif check.id == "integrity.manifest":
+            text = (
+                "the protected files or the contract differ from what `infrarsi init` pinned: restore them, or pin "
+                "them as they are with `infrarsi init --update` (a new baseline where they change what it measured)"
             )
         elif family == "integrity":
             text = (

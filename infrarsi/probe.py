@@ -199,8 +199,9 @@ class Probe(NullProbe):
         self._write({"type": "meta", "version": RECEIPT_VERSION, "pid": os.getpid(), "t_ns": time.monotonic_ns()})
         self._sampler = _Sampler(self, sample) if sample else None
         self._lines = 0  # step lines written
-        # A loop may count from 0 or from 1; receipts always count from 1. The first step
-        # number the script gives decides (0: every number is shifted up by one, and said so).
+        # A loop may count from 0 or from 1; receipts always count from 1. The first number
+        # given to step() decides (0: every number is shifted up by one, and said so); a log()
+        # before any step() (an initial loss, say) is recorded as numbered.
         self._shift: int | None = None
         self._sample_from_start()
 
@@ -216,14 +217,14 @@ class Probe(NullProbe):
 
     def step(self, step: int, tokens: int | None = None) -> "_Step":
         """The timed region of one training step; syncs CUDA at both ends."""
-        return _Step(self, self._number(step), tokens)
+        if self._shift is None:
+            self._shift = 1 if int(step) == 0 else 0
+            self._write({"type": "meta", "counted_from": int(step), "t_ns": time.monotonic_ns()})
+        return _Step(self, int(step) + self._shift, tokens)
 
     def _number(self, step: int) -> int:
         """The receipt's step number (from 1) for the script's own count (from 0 or 1)."""
-        if self._shift is None:
-            self._shift = 1 if int(step) == 0 else 0
-            self._write({"type": "meta", "counted_from": 1 - self._shift, "t_ns": time.monotonic_ns()})
-        return int(step) + self._shift
+        return int(step) + (self._shift or 0)
 
     def _enter(self) -> Any:
         if self._in_step:

@@ -170,3 +170,9 @@ def test_a_summary_without_a_reference_run_still_loads():
     stored = json.loads(json.dumps(summary.as_record()))
     reference = BaselineReference.from_summary(stored)
     assert reference.loss == pytest.approx([4.0, 3.0, 2.0, 1.0]) and reference.param_grad_norms == {}
+
+
+def test_a_cpu_job_on_a_gpu_machine_gets_no_gpu_peak():
+    h100 = run([500, 100, 100, 100], [4.0, 3.0, 2.0, 1.0], 300.0, ["NVIDIA H100 80GB HBM3"], flops=1e9)
+    assert summarise([h100], [1], WARMUP, MEASURE, None, device="cpu").mfu is None
+    assert summarise([h100], [1], WARMUP, MEASURE, None, device="cuda").mfu_peak["device"] == "NVIDIA H100 80GB HBM3"

@@ -136,8 +136,8 @@ def _check_workspace(ws: Workspace) -> None:
     )
     if not check.passed:
         raise UsageError(
-            f"{contract.workspace}: {check.detail}; restore the protected files, or "
-            f"`infrarsi init --force` for a new ledger"
+            f"{contract.workspace}: {check.detail}; restore the protected files, or pin them as they are now "
+            f"with `infrarsi init --update` (a contract revision; a new baseline where they changed what it measured)"
         )
 
 

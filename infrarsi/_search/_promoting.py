@@ -39,7 +39,17 @@ class Promotion:
             if len([a for a in session.attempts if a["accepted"]]) >= contract.search.promote_top:
                 session.meta["promote_stop"] = f"promote_top = {contract.search.promote_top} candidates were accepted"
                 break
-            point, dropped = prune(session, point, budget - session.launched() - cost, self._ablate)
+            original = point.key()
+            if original in done:
+                continue
+            pruned = session.meta.setdefault("pruned", {})
+            if original in pruned:  # pruned before a resume: the same answer, no second ablation
+                point, dropped = session.space.point(**pruned[original]["point"]), pruned[original]["dropped"]
+            else:
+                room = budget - session.launched() - cost
+                point, dropped = prune(session, point, room, self._ablate, float(contract.search.min_speedup))
+                pruned[original] = {"point": point.describe(), "dropped": dropped}
+                session.save()
             key = point.key()
             if key in done:
                 continue

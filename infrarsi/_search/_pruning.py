@@ -34,11 +34,14 @@ def _tolerance(session: SearchSession) -> float:
     return min(max(cv, NOISE_FLOOR), NOISE_CAP)
 
 
-def prune(session: SearchSession, point: Point, room: int, run) -> tuple[Point, list[dict]]:
+def prune(session: SearchSession, point: Point, room: int, run, min_speedup: float = 1.0) -> tuple[Point, list[dict]]:
     """``point`` without its changes that do not pay, and what was dropped with the evidence.
 
     ``room`` is how many executions may go to an ablation run (0: none); ``run(point)`` runs one
-    and returns its step time (None when it did not finish ok)."""
+    and returns its step time (None when it did not finish ok). A smaller candidate is taken
+    only where its own run still beat the baseline by ``min_speedup``: a drop within the noise
+    must not turn a candidate that clears the bar into one that does not."""
+    base = session.state.baseline.step_time_s
     times = {o.point: o.step_time_s for o in session.state.ok()}
     time = times.get(point)
     if time is None:
@@ -52,7 +55,14 @@ def prune(session: SearchSession, point: Point, room: int, run) -> tuple[Point, 
             return point, dropped  # the last change is what the candidate is
         smaller = {atom: _without(session, point, atom) for atom in atoms}
         drop = next(
-            (a for a in atoms if times.get(smaller[a]) is not None and times[smaller[a]] <= time * (1 + tol)), None
+            (
+                a
+                for a in atoms
+                if times.get(smaller[a]) is not None
+                and times[smaller[a]] <= time * (1 + tol)
+                and base / times[smaller[a]] > min_speedup
+            ),
+            None,
         )
         if drop is not None:
             without = times[smaller[drop]]
@@ -63,7 +73,7 @@ def prune(session: SearchSession, point: Point, room: int, run) -> tuple[Point, 
                     f"(within the {tol:.0%} noise): it does not pay",
                 }
             )
-            point, time = smaller[drop], min(time, without)
+            point, time = smaller[drop], without
             continue
         unseen = [
             a

@@ -101,6 +101,8 @@ def test_passed_and_skipped_checks_have_no_next_step(contract):
 def test_the_verify_command_names_only_what_differs_from_the_baseline(contract):
     line = verify_command(contract, {"mode": "ok", "speed": "fast"}, ["my patch.diff"], 7)
     assert line == "infrarsi verify --set speed=fast --patch 'my patch.diff' --pairs 7"
+    other = load_contract(contract.path.rename(contract.path.with_name("other.toml")))
+    assert verify_command(other, {}, [], 2) == f"infrarsi verify --contract {other.path} --pairs 2"
 
 
 def test_pairs_to_resolve_is_the_smallest_count_that_clears_the_bar():

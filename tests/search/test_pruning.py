@@ -64,3 +64,13 @@ def test_without_evidence_one_ablation_run_decides_and_only_with_room_for_it():
     assert pruned == ran[0] and [d["dropped"] for d in dropped] == ["mask-cache"]
     # An ablation that shows the change pays keeps it.
     assert prune(session, best, room=1, run=lambda point: 0.060) == (best, [])
+
+
+def test_a_drop_that_would_fall_below_min_speedup_is_not_taken():
+    session = _session(cv=0.03)  # 3% noise: 99.5 ms is "within the noise" of 97 ms
+    _observe(session, {"attn": "sdpa"}, [], 0.0995)  # 1.005x alone: below min_speedup
+    _observe(session, {"attn": "sdpa"}, ["mask-cache"], 0.097)  # 1.031x: clears 1.02
+    best = session.space.point({"attn": "sdpa"}, ["mask-cache"])
+    assert prune(session, best, room=0, run=_no_runs, min_speedup=1.02) == (best, [])
+    pruned, dropped = prune(session, best, room=0, run=_no_runs, min_speedup=1.0)
+    assert pruned != best and "99.50 ms against 97.00 ms" in dropped[0]["why"]

@@ -106,7 +106,10 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
     cover = out["coverage"]
     assert cover["points"] >= cover["tried"] >= 3 and cover["untried"] == cover["points"] - cover["tried"]
     assert cover["budget"] == 18 and cover["budget_left"] == 18 - out["executions"]
-    assert cover["exploration_stopped"] and cover["promotion"]
+    assert cover["exploration_stopped"] == "the exploration budget was spent" or cover[
+        "exploration_stopped"
+    ].startswith("no untried point was worth a run"), cover
+    assert cover["promotion"].startswith(("promote_top = ", "every candidate the models rank", "the budget left"))
     assert out["catalog"] == []  # the landscape's contract asks for its own patches only
     # A pack of what this ledger verified.
     pack_path = tmp_path / "rescue-pack.json"
