@@ -199,9 +199,9 @@ class Probe(NullProbe):
         self._write({"type": "meta", "version": RECEIPT_VERSION, "pid": os.getpid(), "t_ns": time.monotonic_ns()})
         self._sampler = _Sampler(self, sample) if sample else None
         self._lines = 0  # step lines written
-        # A loop may count from 0 or from 1; receipts always count from 1. The first number
-        # given to step() decides (0: every number is shifted up by one, and said so); a log()
-        # before any step() (an initial loss, say) is recorded as numbered.
+        # A loop may count from 0 or from 1; receipts always count from 1. The first step region
+        # entered decides (0: every number is shifted up by one, and said so); a log() before it
+        # (an initial loss, say) is recorded as numbered, and a p.step(n) never entered decides nothing.
         self._shift: int | None = None
         self._sample_from_start()
 
@@ -217,10 +217,14 @@ class Probe(NullProbe):
 
     def step(self, step: int, tokens: int | None = None) -> "_Step":
         """The timed region of one training step; syncs CUDA at both ends."""
+        return _Step(self, step, tokens)
+
+    def _entered(self, step: int) -> int:
+        """The receipt's number of a step whose region is entered now: the first one decides."""
         if self._shift is None:
             self._shift = 1 if int(step) == 0 else 0
             self._write({"type": "meta", "counted_from": int(step), "t_ns": time.monotonic_ns()})
-        return _Step(self, int(step) + self._shift, tokens)
+        return int(step) + self._shift
 
     def _number(self, step: int) -> int:
         """The receipt's step number (from 1) for the script's own count (from 0 or 1)."""
@@ -414,6 +418,7 @@ class _Step:
         self.probe, self.step, self.tokens = probe, step, tokens
 
     def __enter__(self) -> None:
+        self.step = self.probe._entered(self.step)
         self.torch = self.probe._enter()
         self.t0 = time.monotonic_ns()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infrarsi._audit._revisions import revision_problems
 from infrarsi._audit._stored import (
     RUN_IDS,
     SCOPE_IDS,
@@ -301,7 +302,10 @@ def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> set[int]:
     for digest, kind in ledger.altered_blobs():
         report.chain_ok = False
         report.chain.append(f"blob {digest[:16]}... ({kind}) no longer matches its hash: altered")
-    _check_revisions(ledger, report, path.parent)
+    problems = revision_problems(ledger, report.trusted_key or ledger.public_key, path.parent)
+    if problems:
+        report.chain_ok = False
+        report.chain += problems
     for baseline_id, _, _ in ledger.baseline_ids():
         try:
             ledger.baseline(baseline_id)
@@ -324,85 +328,6 @@ def _check_chain(ledger: Ledger, report: AuditReport, path: Path) -> set[int]:
             report.receipts["bad"].append({"receipt": receipt.name, "problems": check.problems})
             report.chain.append(f"receipt {receipt.name}: {'; '.join(check.problems)}")
     return receipted
-
-
-def _check_revisions(ledger: Ledger, report: AuditReport, state: Path) -> None:
-    """The contract revisions: every stored manifest signed by the trusted key, one line of them
-    (each following the one before, numbered in order), each revision's claim about the baseline
-    re-derived from the stored contracts, every execution run under one of them, and every judged
-    execution met a baseline that still measured its revision's job."""
-    from infrarsi._revision import classify, manifests_in, stale_baseline, stored_contract
-
-    problems: list[str] = []
-    chain = manifests_in(ledger)
-    key = report.trusted_key or ledger.public_key
-    manifests = {d: m for d, m in chain.items() if not isinstance(m, str)}
-    problems += [m for m in chain.values() if isinstance(m, str)]
-    followers: dict[str, list] = {}
-    for digest, manifest in manifests.items():
-        if manifest.public_key != key:
-            problems.append(f"manifest revision {manifest.revision} ({digest[:16]}...) is signed by another key")
-            continue
-        if manifest.previous is None:
-            continue
-        followers.setdefault(manifest.previous, []).append(manifest)
-        before = manifests.get(manifest.previous)
-        if before is None:
-            problems.append(
-                f"manifest revision {manifest.revision} ({digest[:16]}...) follows {manifest.previous[:16]}..., "
-                "which is not in the ledger"
-            )
-            continue
-        if manifest.revision != before.revision + 1:
-            problems.append(f"manifest revision {manifest.revision} follows revision {before.revision}")
-        old, new = (
-            stored_contract(ledger, before, Path("infrarsi.toml")),
-            stored_contract(ledger, manifest, Path("infrarsi.toml")),
-        )
-        if isinstance(old, str) or isinstance(new, str):
-            problems.append(old if isinstance(old, str) else new)
-            continue
-        needed = classify(old, new, before.files, manifest.files).baseline_required
-        if needed and not manifest.baseline_required:
-            problems.append(
-                f"manifest revision {manifest.revision} says the stored baseline still measures the job, "
-                f"but: {'; '.join(needed)}"
-            )
-    for previous, after in followers.items():
-        if len(after) > 1:
-            problems.append(f"{len(after)} manifests follow {previous[:16]}...: the revisions fork")
-    named = {"the ledger's meta": ledger.get_meta("manifest_sha256")}
-    beside = state / "manifest.json"
-    if beside.is_file():
-        from infrarsi._manifest import load_manifest
-        from infrarsi.errors import ManifestError
-
-        try:
-            named["manifest.json beside it"] = load_manifest(beside).sha256
-        except ManifestError as exc:
-            problems.append(str(exc))
-    for where, digest in named.items():
-        if digest and digest not in manifests:
-            problems.append(f"{where} names manifest {digest[:16]}..., which is not in the ledger")
-    for digest in sorted(ledger.manifest_hashes() - set(manifests)):
-        problems.append(f"executions ran under manifest {digest[:16]}..., which is not in the ledger")
-    for digest, baseline_id in sorted(ledger.judged_against()):
-        manifest = manifests.get(digest)
-        try:
-            baseline = ledger.baseline(baseline_id)
-        except LedgerError:
-            continue  # the baselines' own check reports it
-        if manifest is None or baseline is None:
-            continue
-        why = stale_baseline(ledger, chain, manifest, None, baseline)
-        if why:
-            problems.append(
-                f"executions under manifest revision {manifest.revision} were judged against "
-                f"baseline {baseline_id}, which no longer measured their job: {why}"
-            )
-    if problems:
-        report.chain_ok = False
-        report.chain += problems
 
 
 def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:

@@ -5,7 +5,12 @@ gives ``torch.nn.functional``.
 It matches, in one block of one function: ``s = (q @ k^T) * scale``; the ``masked_fill`` of ``s``
 with -inf under a mask that hides exactly the future; and ``softmax(s, -1) @ v``, directly or through
 a weights line. The call keeps a scale that is not SDPA's default ``1/sqrt(head_dim)``. The mask's own
-line, and the size lines only it used, go where nothing else reads them.
+line, and the size lines only it used, go where nothing else reads them. The sibling branches of an
+``if`` holding the match may reuse its names (``if attn == "manual": ... else: sdpa(...)``).
+
+Why one module: the matcher's steps (scores, fill, mask, softmax, product with v) each either match
+or give the reason the search reports, and they read as one sequence; split, each half would need
+the other's state.
 """
 
 from __future__ import annotations
