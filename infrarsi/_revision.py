@@ -171,13 +171,9 @@ def revise(contract_path) -> tuple[Manifest, Revision]:
     if key.public_hex != current.public_key:
         raise UsageError(f"{state / KEYS_DIR}: the signing key is not the one the manifest was signed with")
     with Ledger.open(ledger_path, key=key) as ledger:
-        stored = ledger.get_blob(current.body["contract_sha256"])
-        if stored is None:
-            raise UsageError(f"{ledger_path}: the contract pinned by {MANIFEST_NAME} is not in the ledger")
-        try:
-            old = parse_contract(stored.decode("utf-8", "replace"), contract.path, check_files=False)
-        except ContractError as exc:
-            raise UsageError(f"the pinned contract no longer parses under today's rules ({exc}); use --force") from None
+        old = stored_contract(ledger, current, contract.path)
+        if isinstance(old, str):
+            raise UsageError(f"{ledger_path}: {old}; `infrarsi init --force` starts a new ledger")
         from infrarsi._hashing import hash_protected
 
         files = hash_protected(contract.workspace, contract.protected_globs)

@@ -86,6 +86,14 @@ def ledger_state(workspace: Path) -> LedgerState:
     return LedgerState(rows, report.ok and report.rows == len(rows), report.detail, digest)
 
 
+def edit_contract(workspace: Path, old: str, new: str) -> None:
+    """The workspace's infrarsi.toml with ``old`` (found exactly once) replaced by ``new``."""
+    path = workspace / "infrarsi.toml"
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+
+
 def executions(workspace: Path) -> list[dict]:
     with Ledger.open(workspace / ".infrarsi" / "ledger.db") as ledger:
         return list(ledger.executions())

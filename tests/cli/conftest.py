@@ -46,6 +46,13 @@ def workspace(toyjob: Path) -> Path:
 
 
 @pytest.fixture
+def baselined(cli, workspace: Path) -> Path:
+    """The initialised toy workspace with a one-run baseline stored (through the CLI)."""
+    assert cli("baseline", "--runs", "1").rc == 0
+    return workspace
+
+
+@pytest.fixture
 def workloads(sandbox_tmp: Path):
     """Pids of workloads seen during a test; at the end, any of them still running, and any
     process left working inside this test's sandbox folder, is killed by id."""

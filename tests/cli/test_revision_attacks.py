@@ -11,23 +11,11 @@ import json
 import sqlite3
 
 import pytest
+from cli_testing import edit_contract
 
 from infrarsi._manifest import build_manifest, load_manifest
 from infrarsi.contract import load_contract
 from infrarsi.ledger import KeyPair, Ledger
-
-
-@pytest.fixture
-def baselined(cli, workspace):
-    assert cli("baseline", "--runs", "1").rc == 0
-    return workspace
-
-
-def _edit(root, old: str, new: str) -> None:
-    path = root / "infrarsi.toml"
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
 
 
 def _raw_db(root) -> sqlite3.Connection:
@@ -58,11 +46,11 @@ def test_unpin_edit_repin_of_a_protected_file_must_not_keep_the_baseline(cli, ba
     baseline ran and pinned now differs. classify() only compares consecutive revisions, and
     check_baseline_current() only ORs their flags."""
     root = baselined
-    _edit(root, 'protected = ["data/**"]', "protected = []")
+    edit_contract(root, 'protected = ["data/**"]', "protected = []")
     first = cli("init", "--update", "--json").json()["revision"]
     assert first["baseline"] == "kept"  # by the letter of the rule: not pinned after
     (root / "data" / "protected.txt").write_text("completely different training data\n")
-    _edit(root, "protected = []", 'protected = ["data/**"]')
+    edit_contract(root, "protected = []", 'protected = ["data/**"]')
     second = cli("init", "--update", "--json")
     assert second.rc == 0, second
 
@@ -75,7 +63,7 @@ def test_unpin_and_edit_in_one_revision_must_not_keep_the_baseline(cli, baseline
     """HOLE (the one-step form). Taking a file out of [scope] protected and changing it in the same
     edit is classified "kept", so verify judges against a baseline that read other data."""
     root = baselined
-    _edit(root, 'protected = ["data/**"]', "protected = []")
+    edit_contract(root, 'protected = ["data/**"]', "protected = []")
     (root / "data" / "protected.txt").write_text("completely different training data\n")
     rev = cli("init", "--update", "--json").json()["revision"]
     assert rev["baseline"] == "required", rev
@@ -92,7 +80,7 @@ def test_search_resume_must_not_use_a_baseline_a_revision_made_stale(cli, baseli
         # What `infrarsi search` writes before its first execution, left unfinished (^C, a crash).
         meta = {"id": "interrupted1", "seed": 0, "budget": 40, "pack": None, "finished": False, "baseline_id": old_id}
         ledger.set_meta("search:current", json.dumps(meta, sort_keys=True))
-    _edit(
+    edit_contract(
         root,
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "normal"',
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "fast"',
@@ -125,7 +113,7 @@ def test_audit_must_recheck_a_signed_revision_that_lies_about_the_baseline(cli, 
     classification instead of re-running classify() on the stored contracts and file hashes."""
     root = baselined
     state = root / ".infrarsi"
-    _edit(
+    edit_contract(
         root,
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "normal"',
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "fast"',
@@ -156,7 +144,7 @@ def test_audit_must_see_every_manifest_taken_out_of_the_ledger(cli, baselined):
     when the ledger has no manifest at all, so deleting EVERY manifest blob (instead of one)
     hides the whole revision chain, although the executions name their manifests."""
     root = baselined
-    _edit(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
+    edit_contract(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
     assert cli("init", "--update").rc == 0
     assert cli("verify", "--pairs", "0").rc in (0, 1)
     db = _raw_db(root)
@@ -175,7 +163,7 @@ def test_audit_must_see_the_current_revision_taken_out_of_the_ledger(cli, baseli
     from the ledger: nothing follows it and no execution names it, so the audit is clean although
     the ledger's own meta manifest_sha256 and manifest.json beside it name a manifest it lacks."""
     root = baselined
-    _edit(
+    edit_contract(
         root,
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "normal"',
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "fast"',
@@ -261,7 +249,7 @@ def test_a_knob_flag_renamed_or_reordered_at_the_same_baseline_value_requires_a_
     """Holds. Renaming a knob's flag, moving a knob, or moving a baseline argument from a knob into
     [task] command all change the original setup's argv and are flagged (or are the same launch)."""
     root = baselined
-    _edit(root, 'flag = "--mode"', 'flag = "--mode"\nform = "equals"')
+    edit_contract(root, 'flag = "--mode"', 'flag = "--mode"\nform = "equals"')
     rev = cli("init", "--update", "--json").json()["revision"]
     assert rev["baseline"] == "required"
     assert cli("baseline", "--runs", "1").rc == 0

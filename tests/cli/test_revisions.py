@@ -6,24 +6,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from cli_testing import executions, ledger_state
+from cli_testing import edit_contract, executions, ledger_state
 
 from infrarsi._manifest import load_manifest
 from infrarsi.ledger import Ledger
-
-
-@pytest.fixture
-def baselined(cli, workspace):
-    assert cli("baseline", "--runs", "1").rc == 0
-    return workspace
-
-
-def _edit(root, old: str, new: str) -> None:
-    path = root / "infrarsi.toml"
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
 
 
 def test_a_revision_that_keeps_the_baseline_reuses_ledger_key_and_baseline(cli, baselined):
@@ -31,8 +17,8 @@ def test_a_revision_that_keeps_the_baseline_reuses_ledger_key_and_baseline(cli, 
     public = (root / ".infrarsi" / "keys" / "signing.pub").read_text()
     first = load_manifest(root / ".infrarsi" / "manifest.json")
     rows_before = ledger_state(root).rows
-    _edit(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
-    _edit(root, '[[patches]]\nname = "broken"', '[search]\nab_pairs = 3\n\n[[patches]]\nname = "broken"')
+    edit_contract(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
+    edit_contract(root, '[[patches]]\nname = "broken"', '[search]\nab_pairs = 3\n\n[[patches]]\nname = "broken"')
 
     refused = cli("verify", "--patch", "faster", "--pairs", "0")
     assert refused.rc == 2 and "infrarsi init --update" in refused.stderr, refused
@@ -68,7 +54,7 @@ def test_a_revision_that_keeps_the_baseline_reuses_ledger_key_and_baseline(cli, 
 
 def test_a_revision_that_changes_what_the_baseline_measured_requires_a_new_one(cli, baselined):
     root = baselined
-    _edit(
+    edit_contract(
         root,
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "normal"',
         '[knobs.speed]\nenv = "TOY_SPEED"\nchoices = ["normal", "fast"]\nbaseline = "fast"',
@@ -98,7 +84,7 @@ def test_a_new_knob_that_launches_what_already_ran_keeps_the_baseline(cli, basel
     rev = cli("init", "--update", "--json").json()["revision"]
     assert rev["baseline"] == "kept" and "knob fused added" in rev["changes"]
     # One that adds an argument to the original setup's command line cannot keep it.
-    _edit(root, 'baseline = "off"', 'baseline = "on"')
+    edit_contract(root, 'baseline = "off"', 'baseline = "on"')
     rev = cli("init", "--update", "--json").json()["revision"]
     assert rev["number"] == 3 and rev["baseline"] == "required"
     assert any("--fused" in reason for reason in rev["baseline_required"])
@@ -113,7 +99,7 @@ def test_a_changed_protected_file_requires_a_new_baseline(cli, baselined):
 
 def test_audit_sees_a_revision_signed_by_another_key_and_executions_under_an_unknown_manifest(cli, baselined):
     root = baselined
-    _edit(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
+    edit_contract(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
     assert cli("init", "--update").rc == 0
     state = root / ".infrarsi"
     from infrarsi._manifest import build_manifest
@@ -141,7 +127,7 @@ def test_audit_sees_a_revision_taken_out_of_the_ledger(cli, baselined):
     import sqlite3
 
     root = baselined
-    _edit(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
+    edit_contract(root, "[numerics]\n", "[numerics]\nloss_rtol = 0.002\n")
     assert cli("init", "--update").rc == 0
     assert cli("verify", "--patch", "faster", "--pairs", "0").rc in (0, 1)
     revised = load_manifest(root / ".infrarsi" / "manifest.json")
