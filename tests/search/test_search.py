@@ -17,7 +17,7 @@ from chat_server import ChatServer, Reply
 from hypothesis import given, settings, strategies as st
 
 from infrarsi._receipt import verify_receipt
-from infrarsi._search._pack import validate_pack
+from infrarsi._search._pack import PACK_VERSION, validate_pack
 from infrarsi.errors import UsageError
 from infrarsi.examples.landscape import Landscape, make_workspace
 
@@ -129,6 +129,51 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
     first = out2["history"][0]
     assert first["origin"] == "start:pack" and first["knobs"] == out["best"]["knobs"], out2["history"]
     _assert_best_is_receipted(out2, other)
+
+
+def test_a_patch_that_does_nothing_once_a_knob_is_on_is_dropped_before_promotion(tmp_path):
+    """The issue's winner that carried dead code. `mask` pays alone (0.9x) and is dead once `fast`
+    is on (8% slower there). A pack from another machine, where the two together ran at 0.3x,
+    makes the speed model rank {fast, mask} first; promotion measures it without `mask`
+    (a run exploration made, or one ablation run), drops the patch, and the receipt and `best`
+    vouch for `fast` alone."""
+    land = Landscape(
+        name="deadcode",
+        patches=["mask"],
+        knobs={"fast": (["0", "1"], "0")},
+        base_ms=60.0,  # 30 ms steps with `fast`: a scheduler hiccup is a small part of one
+        base_mb=60.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"fast=1": 0.5, "+mask": 0.9, "fast=1&+mask": 1.08 / 0.9},
+    )
+    pack = {
+        "kind": "infrarsi-pack",
+        "version": PACK_VERSION,
+        "findings": [{"knobs": {"fast": "1"}, "patches": ["mask"], "speedup": {"median": 3.3}}],
+        "runs": [
+            {"knobs": {"fast": "0"}, "patches": ["mask"], "status": "ok", "time_ratio": 0.9},
+            {"knobs": {"fast": "1"}, "patches": ["mask"], "status": "ok", "time_ratio": 0.3},
+        ],
+    }
+    pack_path = tmp_path / "pack.json"
+    pack_path.write_text(json.dumps(pack))
+    root = _workspace(tmp_path, land, ab_pairs=2, starts=2)
+    done, out = _cli("search", "--budget", "8", "--pack", str(pack_path), "--json", cwd=root)
+    assert done.returncode == 0, (done.stderr, out)
+    history = [(h["origin"], h["knobs"], h["patches"]) for h in out["history"]]
+    assert ("start:pack", {"fast": "1"}, ["mask"]) in history, history
+    first = out["attempts"][0]
+    assert [d["dropped"] for d in first["dropped"]] == ["mask"], (
+        [(a["knobs"], a["patches"], a["dropped"]) for a in out["attempts"]],
+        [(h["origin"], h["knobs"], h["patches"], h["status"], h["speedup"]) for h in out["history"]],
+    )
+    assert "does not pay" in first["dropped"][0]["why"]
+    assert first["accepted"] and first["patches"] == [] and first["knobs"] == {"fast": "1"}, first
+    assert out["best"]["patches"] == [] and out["best"]["knobs"] == {"fast": "1"}
+    _assert_best_is_receipted(out, root)
+    # What it was measured against without the patch is a real run of {fast}, in the ledger.
+    assert any(h["knobs"] == {"fast": "1"} and h["patches"] == [] and h["status"] == "ok" for h in out["history"])
 
 
 def test_a_fast_candidate_that_changes_the_job_is_never_best(tmp_path):
