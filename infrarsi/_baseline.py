@@ -14,7 +14,7 @@ from infrarsi._workspace import open_workspace
 from infrarsi.contract import Candidate
 from infrarsi.errors import BaselineFailed, BaselineRejected
 from infrarsi.runner import ExecutionResult, parse_receipts
-from infrarsi.verifiers import compare_param_grads, observed_precisions, steps_from_lines
+from infrarsi.verifiers import RunEvidence, compare_param_grads, observed_precisions, steps_from_lines
 
 __all__ = ["BaselineSummary", "baseline", "summarise"]
 
@@ -39,6 +39,9 @@ class BaselineSummary:
     self_check: dict | None = None  # SelfCheck.to_json(): the baseline judged against its contract
     mfu_peak: dict | None = None  # Peak.to_json(): what MFU was measured against; None: no MFU
     mfu_warning: str | None = None  # an MFU too high to believe, and what to check
+    # A job of several ranks: each rank's reference (trajectories, observed steps, tokens per step),
+    # in rank order; ``reference`` is then rank 0's and ``reference_spread`` the largest over ranks.
+    reference_ranks: list[dict] | None = None
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -73,6 +76,46 @@ def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[flo
         if mid:
             spread = max(spread, (max(present) - min(present)) / abs(mid))
     return merged, (spread if seen_any else None)
+
+
+def _run(result: ExecutionResult) -> RunEvidence:
+    return RunEvidence.from_stored(result.receipts.decode("utf-8", "replace").splitlines(), result.evidence or {})
+
+
+def _rank_lines(result: ExecutionResult, rank: int) -> list[str]:
+    """One rank's receipt lines (a one-process job's are all its lines)."""
+    run = _run(result)
+    return run.of_rank(rank).receipt_lines if run.ranks > 1 else run.receipt_lines
+
+
+def _counted(tokens: list) -> int | None:
+    """The median token count, where every measured step counted its tokens."""
+    if tokens and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tokens):
+        return int(statistics.median(tokens))
+    return None
+
+
+def _trajectories(receipt_sets, steps: int) -> tuple[dict, dict]:
+    reference, spread = {}, {}
+    for key in ("loss", "grad_norm"):
+        reference[key], spread[key] = _median_trajectory([rs.trajectory(key, steps) for rs in receipt_sets])
+    return reference, spread
+
+
+def _per_rank(results: list[ExecutionResult], ranks: int, warmup: int, measure: int, spread: dict) -> list[dict]:
+    """Each rank's reference, from its own lines; ``spread`` takes the largest over ranks."""
+    out = []
+    for rank in range(ranks):
+        sets = [parse_receipts(_rank_lines(r, rank)) for r in results]
+        reference, rank_spread = _trajectories(sets, warmup + measure)
+        reference["tokens_per_step"] = _counted(
+            [rec.get("tokens") for rs in sets for rec in rs.measured(warmup, measure)]
+        )
+        for key, value in rank_spread.items():
+            if value is not None:
+                spread[key] = value if spread.get(key) is None else max(spread[key], value)
+        out.append(reference)
+    return out
 
 
 def _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device):
@@ -111,7 +154,9 @@ def summarise(
     device: str | None = None,
 ) -> BaselineSummary:
     """Statistics of successful baseline runs (pure: evidence in, summary out)."""
-    receipt_sets = [parse_receipts(r.receipts.decode("utf-8", "replace").splitlines()) for r in results]
+    ranks = _run(results[0]).ranks
+    # Rank 0's receipts (a one-process job's: all of them) give the trajectories and what the job declared.
+    receipt_sets = [parse_receipts(_rank_lines(r, 0)) for r in results]
     medians = [r.step_time_s for r in results]
     center = statistics.median(medians)
     # Step-to-step noise from the runner's clock: the periods between step ends (evidence["timing"]).
@@ -127,20 +172,22 @@ def summarise(
     mad = statistics.median(abs(m - center) for m in medians)
     # Tokens: the receipts' own count (the probe's, or the autoprobe's inputs), else the contract's
     # `tokens_per_step`; which one is in `tokens_source`.
-    tokens = [rec.get("tokens") for rs in receipt_sets for rec in rs.measured(warmup, measure)]
-    counted = tokens and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tokens)
+    # A job of several ranks trains on every rank's tokens: its steps sum them (`merged_steps`).
+    if ranks > 1:
+        tokens = [s.get("tokens") for r in results for s in _run(r).steps if warmup < s.step <= warmup + measure]
+    else:
+        tokens = [rec.get("tokens") for rs in receipt_sets for rec in rs.measured(warmup, measure)]
+    counted = _counted(tokens)
     source = "receipts" if counted else ("contract" if tokens_per_step else None)
     if counted:
-        tokens_per_step = int(statistics.median(tokens))
+        tokens_per_step = counted
     tokens_per_s = tokens_per_step / center if tokens_per_step and center > 0 else None
     declared = receipt_sets[0].declared()
     flops = declared.get("flops_per_token", declared.get("flops_per_token_estimate"))
     mfu, peak, warning = _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device)
     peaks = [r.peak_mem_mb for r in results if r.peak_mem_mb is not None]
-    steps = warmup + measure
-    reference, spread = {}, {}
-    for key in ("loss", "grad_norm"):
-        reference[key], spread[key] = _median_trajectory([rs.trajectory(key, steps) for rs in receipt_sets])
+    reference, spread = _trajectories(receipt_sets, warmup + measure)
+    per_rank = _per_rank(results, ranks, warmup, measure, spread) if ranks > 1 else None
     return BaselineSummary(
         runs=len(results),
         executions=executions,
@@ -157,10 +204,11 @@ def summarise(
         reference=reference,
         reference_spread=spread,
         knobs=dict(results[0].candidate.knobs),
+        reference_ranks=per_rank,
     )
 
 
-def observed_reference(receipts: bytes) -> dict:
+def observed_reference(receipts: bytes | list[str]) -> dict:
     """Per-step per-parameter gradient norms and operator dtypes from a run observed at every step.
 
     ``{"param_grad_norms": {"3": {name: norm | None}}, "param_grad_min_rows": {"3": {name: norm}},
@@ -168,7 +216,8 @@ def observed_reference(receipts: bytes) -> dict:
     verifiers then can't judge it).
     """
     found: dict[str, dict[str, object]] = {"param_grad_norms": {}, "param_grad_min_rows": {}, "ops": {}}
-    for step in steps_from_lines(receipts.decode("utf-8", "replace").splitlines()):
+    lines = receipts if isinstance(receipts, list) else receipts.decode("utf-8", "replace").splitlines()
+    for step in steps_from_lines(lines):
         for key, field, kind in (
             ("param_grad_norms", "grads", dict),
             ("param_grad_min_rows", "grad_min_rows", dict),
@@ -184,7 +233,7 @@ def _sampled_spread(results: list[ExecutionResult], reference: dict) -> float | 
     sampled steps and the reference run at the same step: how reproducible the job is."""
     worst = None
     for result in results:
-        observed = observed_reference(result.receipts)["param_grad_norms"]
+        observed = observed_reference(_rank_lines(result, 0))["param_grad_norms"]
         for step, grads in observed.items():
             if step in reference:
                 _, rel, _ = compare_param_grads(grads, reference[step], rtol=1e9)  # judges nothing: the worst
@@ -253,7 +302,9 @@ def baseline(
                     f"{result.status}: {result.detail or 'no detail'}"
                     + (f"\n--- stderr tail ---\n{result.stderr_tail[-1500:]}" if result.stderr_tail else "")
                 )
-            found = observed_reference(result.receipts)
+            found = observed_reference(_rank_lines(result, 0))
+            ranks = summary.reference_ranks or []
+            ranks = [{**ref, **observed_reference(_rank_lines(result, r))} for r, ref in enumerate(ranks)]
             spread = {
                 **summary.reference_spread,
                 "param_grad_norms": _sampled_spread(results, found["param_grad_norms"]),
@@ -263,8 +314,9 @@ def baseline(
                 reference={**summary.reference, **found},
                 reference_spread=spread,
                 reference_execution=execution,
+                reference_ranks=ranks or None,
             )
-        observed_grads = [observed_reference(r.receipts) for r in results] if observed else []
+        observed_grads = [observed_reference(_rank_lines(r, 0)) for r in results] if observed else []
         checked = self_check(summary, results, ws.contract, observed_grads)
         checked.forced = force and not checked.ok
         summary = replace(summary, self_check=checked.to_json())

@@ -861,11 +861,23 @@ def from_env() -> NullProbe:
     path = os.environ.get(RECEIPTS_ENV)
     if not path:
         return NullProbe()
+    # A job of several ranks gets one receipt channel per rank: the runner names them with
+    # ``{rank}``, filled in from the launcher's RANK (torchrun's and Slurm's own variable).
+    path = path.replace("{rank}", _launcher_rank())
     if os.environ.get(AUTOPROBE_ENV):
         quiet = NullProbe()
         quiet.total_steps = _steps_from_env()
         return quiet
     return Probe(path, total_steps=_steps_from_env(), sample=sample)
+
+
+def _launcher_rank() -> str:
+    """This process's global rank as the launcher set it (``RANK``, else ``SLURM_PROCID``), "0" alone."""
+    for name in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return str(int(value))
+    return "0"
 
 
 def _resident_high_water() -> int:

@@ -121,6 +121,15 @@ ERRORS = [
     ('command = ["python", "train.py"]', 'command = "python train.py"', "task.command", "list of strings"),
     ("timeout_s = 60", 'timeout_s = 60\nevidence = "log"', "[evidence.log]", "needs an [evidence.log]"),
     ("timeout_s = 60", 'timeout_s = 60\nevidence = "magic"', "task.evidence", "one of probe"),
+    ("timeout_s = 60", "timeout_s = 60\nnproc_per_node = 2", "task.nproc_per_node", "needs a launcher"),
+    ("timeout_s = 60", 'timeout_s = 60\nlauncher = "mpirun"', "task.launcher", "one of none, torchrun"),
+    ("timeout_s = 60", 'timeout_s = 60\nlauncher = "torchrun"\nnnodes = 2', "task.nnodes", "one node"),
+    (
+        'command = ["python", "train.py"]',
+        'command = ["python", "-u", "train.py"]\nlauncher = "torchrun"',
+        "task.command",
+        "torchrun starts the interpreter",
+    ),
     (
         'file = "patches/fast.diff"',
         'file = "patches/fast.diff"\n[[patches]]\nname = "fast"\nfile = "patches/fast.diff"',
@@ -167,6 +176,29 @@ def test_auto_evidence_needs_a_python_script(workspace):
     text = text.replace("timeout_s = 60", 'timeout_s = 60\nevidence = "auto"')
     with pytest.raises(ContractError, match='evidence = "auto" needs'):
         load_contract(write(workspace, text))
+
+
+def test_a_torchrun_launcher_wraps_the_command_for_the_user_and_the_runner(workspace):
+    from infrarsi.contract import Candidate, launch_settings
+    from infrarsi.runner import build_argv
+
+    text = GOOD.replace("timeout_s = 60", 'timeout_s = 60\nlauncher = "torchrun"\nnproc_per_node = 4')
+    contract = load_contract(write(workspace, text))
+    assert contract.ranks == 4
+    argv, env = launch_settings(contract, {"attention": "sdpa", "compile": "1"})
+    assert argv == ["torchrun", "--nnodes=1", "--nproc_per_node=4", "train.py", "--attention", "sdpa"]
+    assert env == {"TOY_COMPILE": "1"}
+    run_argv, _ = build_argv(contract, Candidate(knobs={"attention": "sdpa"}))
+    assert run_argv[:4] == [sys.executable, "-P", "-m", "torch.distributed.run"]
+    assert "--max-restarts=0" in run_argv and run_argv[-3:] == ["train.py", "--attention", "sdpa"]
+    auto = load_contract(write(workspace, text.replace("timeout_s = 60", 'timeout_s = 60\nevidence = "auto"')))
+    run_argv, _ = build_argv(auto, Candidate(knobs={}))
+    assert run_argv[-3:] == ["-m", "infrarsi.autoprobe", "train.py"]
+    with pytest.raises(ContractError, match='evidence = "log" reads one process'):
+        load_contract(write(workspace, text.replace("timeout_s = 60", 'timeout_s = 60\nevidence = "log"') + LOG_TABLE))
+
+
+LOG_TABLE = "\n[evidence.log]\nstep = 'iter (\\d+)'\n"
 
 
 def test_invalid_toml_and_missing_file(workspace):

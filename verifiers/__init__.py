@@ -1,8 +1,8 @@
 """Verifiers: pure functions from stored evidence to a CheckResult. No I/O, no clock."""
 
-from ._evidence import BaselineReference, RunEvidence, StepRecord, step_ranges, steps_from_lines
+from ._evidence import BaselineReference, RunEvidence, StepRecord, merged_steps, step_ranges, steps_from_lines
 from ._integrity import check_containment, check_manifest, check_run_integrity
-from ._judge import RULE_VERSION, Rules, judge_run
+from ._judge import RULE_VERSION, Rules, combine_ranks, judge_run
 from ._numerics import check_trajectory, compare_param_grads
 from ._precision import check_precision, observed_precisions
 from ._result import FAMILIES, STATUSES, CheckResult
@@ -31,6 +31,7 @@ __all__ = [
     "RunEvidence",
     "StepRecord",
     "steps_from_lines",
+    "merged_steps",
     "step_ranges",
     "check_containment",
     "check_manifest",
@@ -38,6 +39,7 @@ __all__ = [
     "RULE_VERSION",
     "Rules",
     "judge_run",
+    "combine_ranks",
     "check_precision",
     "check_trajectory",
     "compare_param_grads",

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
 
-__all__ = ["StepRecord", "RunEvidence", "BaselineReference", "steps_from_lines", "first_per_step", "step_ranges"]
+__all__ = [
+    "StepRecord",
+    "RunEvidence",
+    "BaselineReference",
+    "steps_from_lines",
+    "first_per_step",
+    "merged_steps",
+    "step_ranges",
+]
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,37 @@ def first_per_step(steps: list[StepRecord]) -> dict[int, StepRecord]:
     return by_step
 
 
+def merged_steps(per_rank: list[list[StepRecord]]) -> list[StepRecord]:
+    """A job of several ranks as one: a step counts once every rank has reported it, at the
+    latest of their arrivals (the slowest rank's), with the tokens summed and the largest peak
+    memory. A step some rank never reported is not a step of the job. In arrival order."""
+    firsts = [first_per_step(steps) for steps in per_rank]
+    if not firsts:
+        return []
+    out = []
+    for number in sorted(set.intersection(*(set(f) for f in firsts))):
+        records = [f[number] for f in firsts]
+        arrivals = [r.arrival_ns for r in records]
+        slowest = max(records, key=lambda r: -1 if r.arrival_ns is None else r.arrival_ns)
+        merged = dict(slowest.record)
+        tokens = [r.get("tokens") for r in records]
+        merged["tokens"] = sum(tokens) if all(type(t) is int for t in tokens) else None
+        peaks = [r.get("peak_mem_bytes") for r in records if type(r.get("peak_mem_bytes")) is int]
+        merged["peak_mem_bytes"] = max(peaks) if peaks else None
+        arrival = None if None in arrivals else max(arrivals)
+        out.append(StepRecord(number, merged, arrival))
+    return sorted(out, key=lambda s: (s.arrival_ns is None, s.arrival_ns or 0, s.step))
+
+
 @dataclass(frozen=True)
 class RunEvidence:
-    """What one execution left: its receipt lines, their arrival stamps, run-time hashes."""
+    """What one execution left: its receipt lines, their arrival stamps, run-time hashes.
+
+    A job of several ranks (``ranks`` > 1) sent each rank's lines through a channel of its
+    own; ``line_ranks`` is the runner's note of which channel each line came through (the
+    job's own claims about its rank count for nothing). Its ``steps`` are then the job's
+    steps as the slowest rank ended them, and :meth:`of_rank` is one rank's evidence.
+    """
 
     receipt_lines: list[str]
     arrivals_ns: list[int] | None = None
@@ -54,11 +91,15 @@ class RunEvidence:
     integrity: dict | None = None
     evidence_kind: str = "probe"
     sampled_steps: tuple[int, ...] | None = None  # the runner's plan; None: recorded before sampling existed
+    ranks: int = 1
+    line_ranks: tuple[int, ...] | None = None
 
     @classmethod
     def from_stored(cls, receipt_lines: list[str], evidence: dict) -> "RunEvidence":
         """From receipt lines and the runner's evidence dict as the ledger keeps it."""
         sampled = evidence.get("sampled_steps")
+        ranks = evidence.get("ranks")
+        tags = evidence.get("line_ranks")
         return cls(
             receipt_lines=receipt_lines,
             arrivals_ns=evidence.get("arrivals_ns"),
@@ -67,11 +108,29 @@ class RunEvidence:
             integrity=evidence.get("integrity"),
             evidence_kind=evidence.get("evidence_kind", "probe"),
             sampled_steps=tuple(sampled) if isinstance(sampled, list) else None,
+            ranks=ranks if type(ranks) is int and ranks > 1 else 1,
+            # A tag that is not a rank number puts its line in no rank.
+            line_ranks=tuple(t if type(t) is int else -1 for t in tags) if isinstance(tags, list) else None,
+        )
+
+    def of_rank(self, rank: int) -> "RunEvidence":
+        """One rank's lines and arrivals, as a run of its own."""
+        tags = self.line_ranks or ()
+        keep = [i for i in range(len(self.receipt_lines)) if i < len(tags) and tags[i] == rank]
+        arrivals = self.arrivals_ns
+        return dataclasses.replace(
+            self,
+            receipt_lines=[self.receipt_lines[i] for i in keep],
+            arrivals_ns=None if arrivals is None else [arrivals[i] if i < len(arrivals) else None for i in keep],
+            ranks=1,
+            line_ranks=None,
         )
 
     @functools.cached_property
     def steps(self) -> list[StepRecord]:
-        """Parsed once: every check reads them."""
+        """Parsed once: every check reads them. Several ranks: the job's steps, as :func:`merged_steps`."""
+        if self.ranks > 1:
+            return merged_steps([self.of_rank(r).steps for r in range(self.ranks)])
         return steps_from_lines(self.receipt_lines, self.arrivals_ns)
 
 
@@ -92,20 +151,43 @@ class BaselineReference:
     param_grad_min_rows: dict[int, dict[str, float]] = field(default_factory=dict)
     ops: dict[int, list[str]] = field(default_factory=dict)
     observed: bool = False  # a reference run observed every step (empty maps then: a job torch doesn't run)
+    per_rank: tuple["BaselineReference", ...] = ()  # a job of several ranks: each rank's own
 
     @classmethod
     def from_summary(cls, summary: dict) -> "BaselineReference":
-        reference = summary.get("reference") or {}
+        """The baseline summary's reference; a job of several ranks keeps each rank's in
+        ``reference_ranks`` (the top-level ``reference`` is then rank 0's)."""
+        observed = summary.get("reference_execution") is not None
+        # Tokens the contract stated were never counted in a run: nothing to hold a candidate to.
+        counted = summary.get("tokens_source") != "contract"
+        ranks = summary.get("reference_ranks")
+        per_rank = tuple(
+            cls._from_reference(r, r.get("tokens_per_step") if counted else None, observed)
+            for r in (ranks if isinstance(ranks, list) else [])
+            if isinstance(r, dict)
+        )
+        top = cls._from_reference(
+            summary.get("reference") or {}, summary.get("tokens_per_step") if counted else None, observed
+        )
+        return dataclasses.replace(top, per_rank=per_rank)
+
+    @classmethod
+    def _from_reference(cls, reference: dict, tokens, observed: bool) -> "BaselineReference":
         return cls(
             loss=list(reference.get("loss") or []),
             grad_norm=list(reference.get("grad_norm") or []),
-            # Tokens the contract stated were never counted in a run: nothing to hold a candidate to.
-            tokens_per_step=summary.get("tokens_per_step") if summary.get("tokens_source") != "contract" else None,
+            tokens_per_step=tokens,
             param_grad_norms=_by_step(reference.get("param_grad_norms"), dict),
             param_grad_min_rows=_by_step(reference.get("param_grad_min_rows"), dict),
             ops=_by_step(reference.get("ops"), list),
-            observed=summary.get("reference_execution") is not None,
+            observed=observed,
         )
+
+    def rank(self, rank: int) -> "BaselineReference":
+        """Rank ``rank``'s reference; an empty one (nothing to compare with) where the baseline had no such rank."""
+        if rank < len(self.per_rank):
+            return self.per_rank[rank]
+        return BaselineReference(observed=self.observed)
 
 
 def _by_step(stored, kind: type) -> dict:

@@ -11,13 +11,14 @@ from ._precision import check_precision
 from ._result import CheckResult
 from ._timing import check_clock, check_window
 
-__all__ = ["Rules", "judge_run", "RULE_VERSION"]
+__all__ = ["Rules", "judge_run", "combine_ranks", "RULE_VERSION"]
 
 # Bumped whenever a verifier's judgement can change for the same evidence; stored with
 # every verdict so `infrarsi audit` can say which rule version gave it.
 # 2: operator dtypes and per-parameter gradient norms at sampled steps; 3: a warm-up step's tokens may be
-# uncounted (None), as its time may be
-RULE_VERSION = "verifiers-3"
+# uncounted (None), as its time may be; 4: a job of several ranks is judged rank by rank, its steps
+# ended by the slowest rank
+RULE_VERSION = "verifiers-4"
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,46 @@ class Rules:
 
 
 def judge_run(run: RunEvidence, reference: BaselineReference, rules: Rules) -> list[CheckResult]:
-    """integrity.protected/framework, timing.window/clock, numerics.loss/grad_norm/precision."""
+    """integrity.protected/framework, timing.window/clock, numerics.loss/grad_norm/precision.
+
+    A job of several ranks is judged rank by rank against the same rank of the baseline, and
+    a check passes only where it passes for every rank; the step time is the job's
+    (:func:`merged_steps`), never one rank's."""
+    if run.ranks > 1:
+        per_rank = [_judge_one(run.of_rank(r), reference.rank(r), rules) for r in range(run.ranks)]
+        return [*check_run_integrity(run.integrity), *combine_ranks(per_rank)]
+    return [*check_run_integrity(run.integrity), *_judge_one(run, reference, rules)]
+
+
+def _judge_one(run: RunEvidence, reference: BaselineReference, rules: Rules) -> list[CheckResult]:
     steps = run.steps
     total = rules.warmup_steps + rules.measure_steps
     return [
-        *check_run_integrity(run.integrity),
         check_window(run, rules.warmup_steps, rules.measure_steps, reference.tokens_per_step),
         check_clock(run, rules.warmup_steps, rules.measure_steps),
         check_trajectory("loss", steps, reference, rules.loss_rtol, total, "loss" in rules.require),
         check_grad_norm(steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require, run.sampled_steps),
         check_precision(steps, list(rules.precision), "precision" in rules.require, run.sampled_steps, reference),
     ]
+
+
+def combine_ranks(per_rank: list[list[CheckResult]]) -> list[CheckResult]:
+    """Each check over every rank: it fails where one rank fails, is unchecked where one rank has
+    no evidence, and passes where all pass (or is skipped where all skip it). The details name
+    the ranks they are about."""
+    out = []
+    for results in zip(*per_rank):
+        first = results[0]
+        failed = [(r, c) for r, c in enumerate(results) if c.status == "fail"]
+        unchecked = [(r, c) for r, c in enumerate(results) if c.status == "unchecked"]
+        worst = failed or unchecked
+        if worst:
+            detail = "; ".join(f"rank {r}: {c.detail}" for r, c in worst)
+            out.append(CheckResult(first.id, worst[0][1].status, detail, worst[0][1].evidence))
+        elif all(c.status == "skipped" for c in results):
+            out.append(first)
+        else:
+            out.append(
+                CheckResult(first.id, "pass", f"every one of {len(results)} ranks: {first.detail}", first.evidence)
+            )
+    return out

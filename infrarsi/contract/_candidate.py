@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infrarsi.contract._contract import Contract
+from infrarsi.contract._launcher import launched
 from infrarsi.errors import UsageError
 
 __all__ = [
@@ -59,7 +60,7 @@ def launch_settings(contract: Contract, knobs: dict[str, str]) -> tuple[list[str
             args, variables = knob.settings(knobs[name])
             argv += args
             env.update(variables)
-    return argv, env
+    return launched(contract.task, argv), env
 
 
 def parse_sets(sets: list[str] | None) -> dict[str, str]:

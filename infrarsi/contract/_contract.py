@@ -16,6 +16,7 @@ from typing import Any
 
 from infrarsi.contract._globs import check_glob, matches
 from infrarsi.contract._launch import KnobLaunch, parse_launch, shown_value as _show
+from infrarsi.contract._launcher import check_launcher, ranks
 from infrarsi.contract._schema import KNOB_FIELDS, LOG_FIELDS, PATCH_FIELDS, SECTIONS, Field
 from infrarsi.errors import ContractError
 
@@ -90,6 +91,11 @@ class Contract:
     @property
     def total_steps(self) -> int:
         return self.timing.warmup_steps + self.timing.measure_steps
+
+    @property
+    def ranks(self) -> int:
+        """How many processes report receipts: 1, or every rank a launcher starts."""
+        return ranks(self.task)
 
     @property
     def protected_globs(self) -> tuple[str, ...]:
@@ -249,6 +255,7 @@ class _Parser:
             self.fail("task", "command", "expected a non-empty argv list, got []")
         if task.evidence == "auto" and (task.command[0] != "python" or len(task.command) < 2):
             self.fail("task", "command", 'evidence = "auto" needs a command of the form ["python", "SCRIPT", ...]')
+        check_launcher(task, self.fail)
 
     def check_scope(self, scope: Section) -> None:
         for key in ("editable", "protected"):

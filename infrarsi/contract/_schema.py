@@ -19,6 +19,7 @@ __all__ = [
     "PRECISIONS",
     "REQUIRABLE",
     "EVIDENCE_KINDS",
+    "LAUNCHERS",
     "DEVICES",
     "PROPOSERS",
 ]
@@ -27,6 +28,7 @@ REQUIRED = object()
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 REQUIRABLE = ("loss", "grad_norm", "precision")
 EVIDENCE_KINDS = ("probe", "auto", "log")
+LAUNCHERS = ("none", "torchrun")
 DEVICES = ("cpu", "cuda")
 PROPOSERS = ("contract", "catalog", "llm")
 
@@ -66,6 +68,23 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
             exclusive_minimum=True,
         ),
         Field("evidence", "str", "probe", "where receipts come from", one_of=EVIDENCE_KINDS),
+        Field(
+            "launcher",
+            "str",
+            "none",
+            "how the job's processes start: `none` (the command, one process) or `torchrun` (the command's "
+            "script under `torchrun`, `nproc_per_node` ranks, each reporting through a receipt channel of its "
+            "own; the slowest rank ends each step, every rank's numerics are checked)",
+            one_of=LAUNCHERS,
+        ),
+        Field("nproc_per_node", "int", 1, 'with `launcher = "torchrun"`: ranks on each node', minimum=1),
+        Field(
+            "nnodes",
+            "int",
+            1,
+            'with `launcher = "torchrun"`: nodes; more than one needs a cluster executor (this build runs on one node)',
+            minimum=1,
+        ),
         Field(
             "tokens_per_step",
             "int",
@@ -109,7 +128,8 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
             "memory_limit_mb",
             "float",
             REQUIRED,
-            "enforced limit on the RSS of the job's process tree; above it the execution is oom",
+            "enforced limit on the RSS of the job's process tree (with a launcher: of each rank's processes); "
+            "above it the execution is oom",
             minimum=0,
             exclusive_minimum=True,
         ),

@@ -82,6 +82,14 @@ def sampling_plan(total_steps: int, rng: random.Random | None = None) -> list[in
 def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dict[str, str]]:
     """The command line and knob environment for ``candidate``."""
     command, env = launch_settings(contract, candidate.knobs)
+    if command[0] == "torchrun" and contract.task.launcher == "torchrun":
+        # torchrun under this interpreter, on this node; a rank that fails ends the job (no restarts).
+        at = 3  # torchrun --nnodes=N --nproc_per_node=M, then the script (or -m MODULE)
+        if contract.task.evidence == "auto":
+            command[at:at] = ["-m", "infrarsi.autoprobe"]
+        # -P: the workspace is not on the launcher's path (a file there named torch/ can't stand in for it).
+        command[:1] = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", "--max-restarts=0"]
+        return command, env
     if command[0] == "python":
         command[0] = sys.executable
         if contract.task.evidence == "auto":
@@ -154,9 +162,12 @@ class LocalExecutor:
         extra = dict(knob_env)
         extra[STEPS_ENV] = str(contract.total_steps)
         sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
+        ranks = contract.ranks
+        fifos = () if log_mode else box.receipt_channels(ranks)
         if not log_mode:
             extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
-            extra[RECEIPTS_ENV] = str(box.receipts)
+            # Several ranks: one channel each, the probe filling in its rank ({rank}).
+            extra[RECEIPTS_ENV] = str(box.receipt_template if ranks > 1 else fifos[0])
         env = workload_env(os.environ, home=str(box.home), extra=extra)
         limit = int(contract.resources.memory_limit_mb * 2**20)
         seen = launch(
@@ -166,7 +177,8 @@ class LocalExecutor:
                 env=env,
                 timeout_s=contract.task.timeout_s,
                 memory_limit_bytes=limit,
-                receipts_fifo=None if log_mode else box.receipts,
+                receipts_fifos=fifos,
+                rank_memory=ranks > 1,
             )
         )
 
@@ -202,6 +214,7 @@ class LocalExecutor:
         evidence = {
             "version": 1,
             "argv": [os.path.basename(argv[0])] + argv[1:],
+            **(_rank_evidence(ranks, seen) if ranks > 1 else {}),
             "knob_env": knob_env,
             "evidence_kind": contract.task.evidence,
             "started_ns": seen.started_ns,
@@ -254,6 +267,15 @@ class LocalExecutor:
             evidence=evidence,
             sources=sources,
         )
+
+
+def _rank_evidence(ranks: int, seen) -> dict:
+    """Which rank's channel each receipt line came through, and each rank's memory peak."""
+    return {
+        "ranks": ranks,
+        "line_ranks": list(seen.receipt_ranks),
+        "rank_peak_rss_bytes": {str(r): b for r, b in sorted(seen.rank_peaks_bytes.items())},
+    }
 
 
 def _timing_evidence(run: RunEvidence, contract: Contract) -> dict:

@@ -22,6 +22,7 @@ from pathlib import Path
 from infrarsi.runner._cgroup import Cgroup
 from infrarsi.runner._containment import STRAY_GRACE_S, Containment, ShimReport, adopting_orphans, shimmed
 from infrarsi.runner._processes import tree_memory, tree_rss_bytes
+from infrarsi.runner._ranks import RankGuard
 
 __all__ = ["GUARD_INTERVAL_S", "STRAY_GRACE_S", "LaunchResult", "LaunchSpec", "launch", "tree_memory", "tree_rss_bytes"]
 
@@ -43,7 +44,8 @@ class LaunchSpec:
     env: dict[str, str]
     timeout_s: float
     memory_limit_bytes: int
-    receipts_fifo: Path | None = None
+    receipts_fifos: tuple[Path, ...] = ()  # one per rank, in rank order
+    rank_memory: bool = False  # several ranks: the limit holds for each rank's processes, not the sum
     cgroups: bool = True  # False: the subreaper alone (tests; machines whose cgroups misbehave)
 
 
@@ -58,6 +60,8 @@ class LaunchResult:
     guard_samples: int
     guard_max_gap_ns: int = 0  # the longest time between two memory samples
     receipt_lines: list[tuple[int, str]] = field(default_factory=list)
+    receipt_ranks: list[int] = field(default_factory=list)  # the channel (rank) each receipt line came through
+    rank_peaks_bytes: dict[int, int] = field(default_factory=dict)  # per rank, where the limit is per rank
     stdout_lines: list[tuple[int, str]] = field(default_factory=list)
     stderr_tail: str = ""
     containment: dict = field(default_factory=dict)  # see Containment.record
@@ -117,12 +121,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     fds: dict[str, int] = {}
     cgroup = None
     try:
-        if spec.receipts_fifo is not None:
-            os.mkfifo(spec.receipts_fifo, 0o600)
-            fds["fifo"] = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
+        for rank, fifo in enumerate(spec.receipts_fifos):
+            os.mkfifo(fifo, 0o600)
+            fds[f"fifo{rank}"] = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
             # Holding a write end ourselves means the reader never sees EOF before the
             # workload opens the FIFO, or between its opens.
-            fds["keepalive"] = os.open(spec.receipts_fifo, os.O_WRONLY)
+            fds[f"keepalive{rank}"] = os.open(fifo, os.O_WRONLY)
         fds["report"], fds["report_w"] = os.pipe()
         os.set_blocking(fds["report"], False)
         cgroup = Cgroup.create() if spec.cgroups else None
@@ -165,8 +169,9 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         "out": _LineReader(proc.stdout.fileno(), keep_lines=True),
         "err": _LineReader(proc.stderr.fileno(), keep_lines=False, keep_tail=_STDERR_TAIL),
     }
-    if "fifo" in fds:
-        readers["receipts"] = _LineReader(fds["fifo"], keep_lines=True)
+    for rank in range(len(spec.receipts_fifos)):
+        readers[f"receipts{rank}"] = _LineReader(fds[f"fifo{rank}"], keep_lines=True)
+    ranks = RankGuard() if spec.rank_memory else None
     for reader in readers.values():
         reader.start()
 
@@ -184,17 +189,22 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
             now = time.monotonic_ns()
             if main_ended is None and report.status is not None:
                 main_ended = now
-            rss, high, _ = box.sample()
+            rss, high, pids = box.sample()
             if samples:
                 max_gap = max(max_gap, now - last_sample)
             last_sample = now
             samples += 1
+            where = "the process tree"
+            if ranks is not None:
+                # Each rank (its process and all it starts) is held to the limit on its own.
+                group, rss, high = ranks.sample(pids[1:] if box.shimmed else pids)
+                where = f"rank {group}" if isinstance(group, int) else "the processes of no rank"
             peak = max(peak, rss, high)
             if rss > spec.memory_limit_bytes:
                 status = "oom"
                 detail = (
                     f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
-                    f"(killed when the process tree's RSS reached {rss / 2**20:.0f} MB)"
+                    f"(killed when the RSS of {where} reached {rss / 2**20:.0f} MB)"
                 )
             elif main_ended is None and now > deadline:
                 status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
@@ -227,8 +237,18 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         with contextlib.suppress(ValueError):
             exit_code = os.waitstatus_to_exitcode(report.status)  # the workload's own, not the killed shim's
     proc.returncode = exit_code
-    _close(fds, "keepalive")
+    for rank in range(len(spec.receipts_fifos)):
+        _close(fds, f"keepalive{rank}")
     _stop(readers, proc)
+    # All ranks' lines in arrival order; one read's lines share a stamp and keep their order.
+    arrived = sorted(
+        (
+            (stamp, rank, i, text)
+            for rank in range(len(spec.receipts_fifos))
+            for i, (stamp, text) in enumerate(readers[f"receipts{rank}"].lines)
+        ),
+        key=lambda line: line[:3],
+    )
 
     stderr_tail = readers["err"].tail_text()
     if status is None:
@@ -246,10 +266,18 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         started_ns=started,
         ended_ns=ended,
         # The kernel's figure only when no sample was taken (it also counts our own size).
-        peak_rss_bytes=peak if status == "oom" or samples else usage.ru_maxrss * 1024,
+        peak_rss_bytes=(
+            max(ranks.peaks.values())
+            if ranks is not None and ranks.peaks
+            else peak
+            if status == "oom" or samples
+            else usage.ru_maxrss * 1024
+        ),
         guard_samples=samples,
         guard_max_gap_ns=max_gap,
-        receipt_lines=readers["receipts"].lines if "receipts" in readers else [],
+        receipt_lines=[(stamp, text) for stamp, _, _, text in arrived],
+        receipt_ranks=[rank for _, rank, _, _ in arrived],
+        rank_peaks_bytes=ranks.peaks if ranks is not None else {},
         stdout_lines=readers["out"].lines,
         stderr_tail=stderr_tail,
         containment=box.record(report.joined, root_lost),

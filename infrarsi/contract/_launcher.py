@@ -1,0 +1,56 @@
+"""A job of several ranks: what `[task] launcher` asks of the command, how many ranks report,
+and the launch a user sees (`torchrun --nnodes=N --nproc_per_node=M SCRIPT ...`).
+
+The runner turns that launch into torchrun under its own interpreter (runner/_executor.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["check_launcher", "ranks", "launched"]
+
+
+def check_launcher(task: Any, fail: Callable[..., Any]) -> None:
+    """The launcher keys against the rest of ``[task]``; ``fail(table, key, message)`` raises."""
+    if task.launcher == "none":
+        for key in ("nproc_per_node", "nnodes"):
+            if task.values[key] != 1:
+                fail("task", key, f'{key} = {task.values[key]} needs a launcher (launcher = "torchrun")')
+        return
+    command = task.command
+    script_form = len(command) >= 2 and command[0] == "python" and not command[1].startswith("-")
+    module_form = len(command) >= 3 and command[:2] == ["python", "-m"]
+    if not (script_form or module_form):
+        fail(
+            "task",
+            "command",
+            f'launcher = "{task.launcher}" needs a command of the form ["python", "SCRIPT", ...] or '
+            f'["python", "-m", "MODULE", ...] (torchrun starts the interpreter itself), got {command!r}',
+        )
+    if task.evidence == "log":
+        fail(
+            "task",
+            "evidence",
+            f'evidence = "log" reads one process\'s stdout; with launcher = "{task.launcher}" use "probe" or "auto"',
+        )
+    if task.nnodes > 1:
+        fail(
+            "task",
+            "nnodes",
+            f"nnodes = {task.nnodes}: a job across several nodes needs a cluster executor, and this build "
+            "runs every execution on one node (the local executor)",
+        )
+
+
+def ranks(task: Any) -> int:
+    """How many processes report receipts: 1, or every rank the launcher starts."""
+    return 1 if task.launcher == "none" else task.nproc_per_node * task.nnodes
+
+
+def launched(task: Any, argv: list[str]) -> list[str]:
+    """The contract's ``python SCRIPT ...`` as the launcher starts it (unchanged without one)."""
+    if task.launcher != "torchrun":
+        return argv
+    return ["torchrun", f"--nnodes={task.nnodes}", f"--nproc_per_node={task.nproc_per_node}"] + argv[1:]
