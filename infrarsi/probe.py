@@ -9,7 +9,8 @@ with ``step``, ``t0_ns``, ``t1_ns``, ``tokens``, ``loss``, ``grad_norm``,
 ``peak_mem_bytes`` and the precision the probe observed itself: parameter
 dtypes of watched models, autocast states entered during the step, and the
 float32 matmul precision. Timestamps are ``time.monotonic_ns()``, the clock the
-runner stamps arrivals with, so the two can be compared directly.
+runner stamps arrivals with, so the two can be compared directly. They go to
+``$INFRARSI_RECEIPTS``: the runner's FIFO, or ``unix:PATH`` for a job of several ranks.
 
 At the steps the runner samples (``$INFRARSI_SAMPLE``, read once and taken out of
 the environment) the probe also observes, from the moment the previous step's line
@@ -183,7 +184,7 @@ class Probe(NullProbe):
 
     def __init__(self, path: str, total_steps: int | None = None, sample: frozenset[int] | str | None = None) -> None:
         self.total_steps = total_steps
-        self._file = open(path, "a", buffering=1, encoding="utf-8")
+        self._file = _open_channel(path)
         self._models: list[weakref.ref] = []
         # Without watch(), the parameters come from every torch optimizer that steps: torch's
         # global step hook sees them without a line of the script changed.
@@ -861,9 +862,6 @@ def from_env() -> NullProbe:
     path = os.environ.get(RECEIPTS_ENV)
     if not path:
         return NullProbe()
-    # A job of several ranks gets one receipt channel per rank: the runner names them with
-    # ``{rank}``, filled in from the launcher's RANK (torchrun's and Slurm's own variable).
-    path = path.replace("{rank}", _launcher_rank())
     if os.environ.get(AUTOPROBE_ENV):
         quiet = NullProbe()
         quiet.total_steps = _steps_from_env()
@@ -871,13 +869,19 @@ def from_env() -> NullProbe:
     return Probe(path, total_steps=_steps_from_env(), sample=sample)
 
 
-def _launcher_rank() -> str:
-    """This process's global rank as the launcher set it (``RANK``, else ``SLURM_PROCID``), "0" alone."""
-    for name in ("RANK", "SLURM_PROCID"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return str(int(value))
-    return "0"
+def _open_channel(path: str):
+    """The runner's receipt channel, line-buffered: its FIFO (or a plain file), or for a job of
+    several ranks ``unix:PATH``, a socket on which the kernel tells the runner which process
+    (so which rank) each connection is, whatever the job says."""
+    if path.startswith("unix:"):
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path[len("unix:") :])
+        channel = sock.makefile("w", encoding="utf-8")
+        channel.reconfigure(line_buffering=True)  # makefile's text mode is never line-buffered itself
+        return channel
+    return open(path, "a", buffering=1, encoding="utf-8")
 
 
 def _resident_high_water() -> int:

@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import infrarsi
+
+# Alone, never beside another test: every stage runs, the search's promotion included.
+pytestmark = pytest.mark.serial
 
 STAGES = [
     "init",

@@ -54,8 +54,9 @@ def first_per_step(steps: list[StepRecord]) -> dict[int, StepRecord]:
 
 def merged_steps(per_rank: list[list[StepRecord]]) -> list[StepRecord]:
     """A job of several ranks as one: a step counts once every rank has reported it, at the
-    latest of their arrivals (the slowest rank's), with the tokens summed and the largest peak
-    memory. A step some rank never reported is not a step of the job. In arrival order."""
+    latest of their arrivals, with the tokens summed and the largest peak memory. A step some
+    rank never reported is not a step of the job. In arrival order. (The job's step *time* is
+    not taken from these arrivals but from each rank's own window: `window_periods`.)"""
     firsts = [first_per_step(steps) for steps in per_rank]
     if not firsts:
         return []
@@ -81,7 +82,7 @@ class RunEvidence:
     A job of several ranks (``ranks`` > 1) sent each rank's lines through a channel of its
     own; ``line_ranks`` is the runner's note of which channel each line came through (the
     job's own claims about its rank count for nothing). Its ``steps`` are then the job's
-    steps as the slowest rank ended them, and :meth:`of_rank` is one rank's evidence.
+    steps (:func:`merged_steps`), and :meth:`of_rank` is one rank's evidence.
     """
 
     receipt_lines: list[str]

@@ -76,12 +76,11 @@ def combine_ranks(per_rank: list[list[CheckResult]]) -> list[CheckResult]:
     out = []
     for results in zip(*per_rank):
         first = results[0]
-        failed = [(r, c) for r, c in enumerate(results) if c.status == "fail"]
-        unchecked = [(r, c) for r, c in enumerate(results) if c.status == "unchecked"]
-        worst = failed or unchecked
-        if worst:
-            detail = "; ".join(f"rank {r}: {c.detail}" for r, c in worst)
-            out.append(CheckResult(first.id, worst[0][1].status, detail, worst[0][1].evidence))
+        wrong = [(r, c) for r, c in enumerate(results) if c.status in ("fail", "unchecked")]
+        if wrong:
+            status = "fail" if any(c.status == "fail" for _, c in wrong) else "unchecked"
+            detail = "; ".join(f"rank {r}: {c.detail}" for r, c in wrong)
+            out.append(CheckResult(first.id, status, detail, wrong[0][1].evidence))
         elif all(c.status == "skipped" for c in results):
             out.append(first)
         else:

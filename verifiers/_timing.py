@@ -51,7 +51,20 @@ def window_periods(run: RunEvidence, warmup: int, measure: int) -> tuple[list[in
 
     Step k's period runs from the arrival of step k-1's line (the job's start when k is 1)
     to the arrival of step k's. The first line a step number got counts.
+
+    A job of several ranks is as slow as its slowest rank: each rank's window is timed on its
+    own arrivals and the one with the largest mean period counts. (Merged arrivals would let
+    ranks take turns: one waiting out the warm-up, then running its window while the other
+    still finishes each step late, every step end the fast rank's.)
     """
+    if run.ranks > 1:
+        windows = []
+        for rank in range(run.ranks):
+            found = window_periods(run.of_rank(rank), warmup, measure)
+            if isinstance(found, str):
+                return f"rank {rank}: {found}"
+            windows.append(found)
+        return max(windows, key=lambda w: sum(w[1]) / len(w[1]))
     by_step = first_per_step(run.steps)
     sampled = set(run.sampled_steps or ())
     steps, periods = [], []
@@ -78,7 +91,11 @@ def runner_step_time(run: RunEvidence, warmup: int, measure: int) -> float | Non
 
 
 def region_share(run: RunEvidence, warmup: int, measure: int) -> float | None:
-    """The share of the measured periods that the probe's own regions cover (a diagnostic)."""
+    """The share of the measured periods that the probe's own regions cover (a diagnostic;
+    a job of several ranks: the smallest rank's)."""
+    if run.ranks > 1:
+        shares = [region_share(run.of_rank(r), warmup, measure) for r in range(run.ranks)]
+        return None if None in shares else min(shares)
     found = window_periods(run, warmup, measure)
     if isinstance(found, str):
         return None

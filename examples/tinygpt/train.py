@@ -4,11 +4,6 @@ Knobs (see infrarsi.toml): --attention, --checkpoint, --micro-batch (gradient
 accumulation at a fixed global batch), --threads, and the environment variables
 TINYGPT_COMPILE (torch.compile) and TINYGPT_FOREACH (the optimizer's foreach path).
 Every setting trains the same job: same data order, same weights, same loss.
-
-Under torchrun (WORLD_SIZE > 1) it trains data-parallel on the gloo backend: each rank takes
-its share of every global batch (``--batch`` must split evenly across the ranks and then into
-micro-batches) and DistributedDataParallel averages the gradients, so the model trains as the
-one-process run does; each rank reports its own loss (on its share) through the probe.
 """
 
 from __future__ import annotations
@@ -38,9 +33,8 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.batch % world or (args.batch // world) % args.micro_batch:
-        ap.error(f"--micro-batch {args.micro_batch} must divide --batch {args.batch} split across {world} rank(s)")
+    if args.batch % args.micro_batch:
+        ap.error(f"--micro-batch {args.micro_batch} must divide --batch {args.batch}")
     return args
 
 
@@ -65,24 +59,15 @@ def main(argv=None) -> int:
     cfg = Config(arch=args.arch, attention=args.attention, checkpoint=args.checkpoint == "on",
                  seq_len=args.seq_len)
     model = TinyGPT(cfg)
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), 0
-    trained = model
-    if world > 1:
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel
-
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-        trained = DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1,
                             foreach=os.environ.get("TINYGPT_FOREACH", "0") == "1")
-    step_fn = trained
+    step_fn = model
     if os.environ.get("TINYGPT_COMPILE", "0") == "1":
         # Compile in this process: inductor's default pool of compile workers is a tree of
         # processes (about 1.1 GB on a 2-core machine), alone over the contract's memory limit.
         import torch._inductor.config as inductor_config
         inductor_config.compile_threads = 1
-        step_fn = torch.compile(trained)
+        step_fn = torch.compile(model)
 
     data = load_corpus()
     n_params = sum(p.numel() for p in model.parameters())
@@ -90,12 +75,10 @@ def main(argv=None) -> int:
     p.watch(model)
     p.meta(params=n_params, flops_per_token=6 * n_params, dtype="fp32", arch=args.arch)
     steps = p.total_steps or args.steps
-    local = args.batch // world  # this rank's share of each global batch
-    accum = local // args.micro_batch
+    accum = args.batch // args.micro_batch
     for step in range(1, steps + 1):
         x, y = get_batch(data, step, args.batch, args.seq_len)
-        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
-        with p.step(step, tokens=local * args.seq_len):
+        with p.step(step, tokens=args.batch * args.seq_len):
             loss_sum = 0.0
             for i in range(accum):
                 rows = slice(i * args.micro_batch, (i + 1) * args.micro_batch)
@@ -106,12 +89,9 @@ def main(argv=None) -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
         p.log(step, loss=loss_sum, grad_norm=gn.item())
-        if not p.enabled and rank == 0 and (step == 1 or step % 10 == 0):
+        if not p.enabled and (step == 1 or step % 10 == 0):
             print(f"step {step}: loss {loss_sum:.4f} grad_norm {gn.item():.4f}", flush=True)
     p.close()
-    if world > 1:  # every rank done with the collectives before any tears its process group down
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     return 0
 
 

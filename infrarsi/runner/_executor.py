@@ -163,11 +163,10 @@ class LocalExecutor:
         extra[STEPS_ENV] = str(contract.total_steps)
         sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
         ranks = contract.ranks
-        fifos = () if log_mode else box.receipt_channels(ranks)
         if not log_mode:
             extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
-            # Several ranks: one channel each, the probe filling in its rank ({rank}).
-            extra[RECEIPTS_ENV] = str(box.receipt_template if ranks > 1 else fifos[0])
+            # Several ranks: one socket, on which the kernel says which process (so rank) wrote.
+            extra[RECEIPTS_ENV] = f"unix:{box.receipts_socket}" if ranks > 1 else str(box.receipts)
         env = workload_env(os.environ, home=str(box.home), extra=extra)
         limit = int(contract.resources.memory_limit_mb * 2**20)
         seen = launch(
@@ -177,8 +176,9 @@ class LocalExecutor:
                 env=env,
                 timeout_s=contract.task.timeout_s,
                 memory_limit_bytes=limit,
-                receipts_fifos=fifos,
-                rank_memory=ranks > 1,
+                receipts_fifo=None if log_mode or ranks > 1 else box.receipts,
+                receipts_socket=box.receipts_socket if ranks > 1 and not log_mode else None,
+                ranks=ranks,
             )
         )
 

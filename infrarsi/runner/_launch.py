@@ -22,7 +22,7 @@ from pathlib import Path
 from infrarsi.runner._cgroup import Cgroup
 from infrarsi.runner._containment import STRAY_GRACE_S, Containment, ShimReport, adopting_orphans, shimmed
 from infrarsi.runner._processes import tree_memory, tree_rss_bytes
-from infrarsi.runner._ranks import RankGuard
+from infrarsi.runner._ranks import RankGuard, RankMap, SocketReceipts, describe
 
 __all__ = ["GUARD_INTERVAL_S", "STRAY_GRACE_S", "LaunchResult", "LaunchSpec", "launch", "tree_memory", "tree_rss_bytes"]
 
@@ -35,6 +35,7 @@ _OOM_MARKERS = (
     "DefaultCPUAllocator: can't allocate memory",
 )
 _STDERR_TAIL = 8000
+_MAX_LINE = 1 << 22  # a line past 4 MB without a newline is cut there: reading stays linear
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,11 @@ class LaunchSpec:
     env: dict[str, str]
     timeout_s: float
     memory_limit_bytes: int
-    receipts_fifos: tuple[Path, ...] = ()  # one per rank, in rank order
-    rank_memory: bool = False  # several ranks: the limit holds for each rank's processes, not the sum
+    receipts_fifo: Path | None = None
+    # A job of several ranks: their receipts arrive on this socket instead, and the memory
+    # limit holds for each rank on its own (see _ranks).
+    receipts_socket: Path | None = None
+    ranks: int = 1
     cgroups: bool = True  # False: the subreaper alone (tests; machines whose cgroups misbehave)
 
 
@@ -60,8 +64,8 @@ class LaunchResult:
     guard_samples: int
     guard_max_gap_ns: int = 0  # the longest time between two memory samples
     receipt_lines: list[tuple[int, str]] = field(default_factory=list)
-    receipt_ranks: list[int] = field(default_factory=list)  # the channel (rank) each receipt line came through
-    rank_peaks_bytes: dict[int, int] = field(default_factory=dict)  # per rank, where the limit is per rank
+    receipt_ranks: list[int] = field(default_factory=list)  # several ranks: whose each line is (-1: no rank's)
+    rank_peaks_bytes: dict[int, int] = field(default_factory=dict)  # several ranks: each one's highest RSS
     stdout_lines: list[tuple[int, str]] = field(default_factory=list)
     stderr_tail: str = ""
     containment: dict = field(default_factory=dict)  # see Containment.record
@@ -83,7 +87,7 @@ class _LineReader(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        pending = b""
+        pending = bytearray()
         while True:
             ready, _, _ = select.select([self.fd], [], [], 0.05)
             if not ready:
@@ -101,14 +105,20 @@ class _LineReader(threading.Thread):
             stamp = time.monotonic_ns()
             if not chunk:
                 break
+            start = len(pending)
             pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for raw in complete:
+            cut = pending.rfind(b"\n", start)
+            if cut < 0:
+                if len(pending) > _MAX_LINE:  # a line without end: kept as its first part, never grown
+                    del pending[_MAX_LINE:]
+                continue
+            for raw in bytes(pending[:cut]).split(b"\n"):
                 text = raw.decode("utf-8", "replace")
                 if self.keep_lines:
                     self.lines.append((stamp, text))
                 if self.keep_tail:
                     self.tail.append(text)
+            del pending[: cut + 1]
         if pending and self.keep_tail:
             self.tail.append(pending.decode("utf-8", "replace"))
 
@@ -121,12 +131,12 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     fds: dict[str, int] = {}
     cgroup = None
     try:
-        for rank, fifo in enumerate(spec.receipts_fifos):
-            os.mkfifo(fifo, 0o600)
-            fds[f"fifo{rank}"] = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        if spec.receipts_fifo is not None:
+            os.mkfifo(spec.receipts_fifo, 0o600)
+            fds["fifo"] = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
             # Holding a write end ourselves means the reader never sees EOF before the
             # workload opens the FIFO, or between its opens.
-            fds[f"keepalive{rank}"] = os.open(fifo, os.O_WRONLY)
+            fds["keepalive"] = os.open(spec.receipts_fifo, os.O_WRONLY)
         fds["report"], fds["report_w"] = os.pipe()
         os.set_blocking(fds["report"], False)
         cgroup = Cgroup.create() if spec.cgroups else None
@@ -169,10 +179,11 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         "out": _LineReader(proc.stdout.fileno(), keep_lines=True),
         "err": _LineReader(proc.stderr.fileno(), keep_lines=False, keep_tail=_STDERR_TAIL),
     }
-    for rank in range(len(spec.receipts_fifos)):
-        readers[f"receipts{rank}"] = _LineReader(fds[f"fifo{rank}"], keep_lines=True)
-    ranks = RankGuard() if spec.rank_memory else None
-    for reader in readers.values():
+    if "fifo" in fds:
+        readers["receipts"] = _LineReader(fds["fifo"], keep_lines=True)
+    ranks = RankGuard(RankMap(spec.ranks)) if spec.ranks > 1 else None
+    channel = SocketReceipts(spec.receipts_socket, ranks.map) if ranks and spec.receipts_socket else None
+    for reader in [*readers.values(), *([channel] if channel else [])]:
         reader.start()
 
     deadline = started + int(spec.timeout_s * 1e9)
@@ -195,10 +206,9 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
             last_sample = now
             samples += 1
             where = "the process tree"
-            if ranks is not None:
-                # Each rank (its process and all it starts) is held to the limit on its own.
+            if ranks is not None:  # each rank on its own (_ranks)
                 group, rss, high = ranks.sample(pids[1:] if box.shimmed else pids)
-                where = f"rank {group}" if isinstance(group, int) else "the processes of no rank"
+                where = describe(group)
             peak = max(peak, rss, high)
             if rss > spec.memory_limit_bytes:
                 status = "oom"
@@ -226,6 +236,8 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         os.wait4(proc.pid, 0)
         box.sweep(root_lost)
         _stop(readers, proc)
+        if channel:
+            channel.finish()
         raise
     ended = main_ended or time.monotonic_ns()
     report.read()
@@ -237,18 +249,13 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         with contextlib.suppress(ValueError):
             exit_code = os.waitstatus_to_exitcode(report.status)  # the workload's own, not the killed shim's
     proc.returncode = exit_code
-    for rank in range(len(spec.receipts_fifos)):
-        _close(fds, f"keepalive{rank}")
+    _close(fds, "keepalive")
     _stop(readers, proc)
-    # All ranks' lines in arrival order; one read's lines share a stamp and keep their order.
-    arrived = sorted(
-        (
-            (stamp, rank, i, text)
-            for rank in range(len(spec.receipts_fifos))
-            for i, (stamp, text) in enumerate(readers[f"receipts{rank}"].lines)
-        ),
-        key=lambda line: line[:3],
-    )
+    if channel:
+        channel.finish()
+    lines = readers["receipts"].lines if "receipts" in readers else []
+    if channel:
+        lines = [(stamp, text) for stamp, _, text in channel.lines]
 
     stderr_tail = readers["err"].tail_text()
     if status is None:
@@ -267,17 +274,17 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         ended_ns=ended,
         # The kernel's figure only when no sample was taken (it also counts our own size).
         peak_rss_bytes=(
-            max(ranks.peaks.values())
-            if ranks is not None and ranks.peaks
+            max(ranks.peaks.values(), default=0)
+            if ranks and status != "oom"
             else peak
             if status == "oom" or samples
             else usage.ru_maxrss * 1024
         ),
         guard_samples=samples,
         guard_max_gap_ns=max_gap,
-        receipt_lines=[(stamp, text) for stamp, _, _, text in arrived],
-        receipt_ranks=[rank for _, rank, _, _ in arrived],
-        rank_peaks_bytes=ranks.peaks if ranks is not None else {},
+        receipt_lines=lines,
+        receipt_ranks=[rank for _, rank, _ in channel.lines] if channel else [],
+        rank_peaks_bytes=dict(ranks.peaks) if ranks else {},
         stdout_lines=readers["out"].lines,
         stderr_tail=stderr_tail,
         containment=box.record(report.joined, root_lost),

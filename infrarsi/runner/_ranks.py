@@ -1,22 +1,36 @@
-"""The memory guard for a job of several ranks: each rank is held to the limit on its own.
+"""A job of several ranks: which rank a process is, each rank held to the memory limit on its
+own, and the receipt socket on which the kernel, not the job, says which rank wrote a line.
 
-A rank is a process the launcher started with ``RANK`` in its environment, and every process
-below it (a data loader's workers, a child started with an empty environment). Once a process
-is seen with a rank it keeps it, so a rank that execs itself without ``RANK`` stays that rank.
+**A rank** is a process the launcher (the job's first process: torchrun) started, with the
+``RANK`` it had when InfraRSI first saw it (kept: a rank that execs itself under another
+``RANK`` stays what it was), and every process below it, whatever its own environment says.
+A ``RANK`` outside ``0..ranks-1`` makes no rank. The launcher's children that show no
+``RANK`` yet are workers between fork and exec (they still show the launcher's memory) and
+count as the launcher's.
 
-The launcher (the job's first process) and its own children that carry no rank are the
-launcher's: torchrun itself, and its workers in the moment between fork and exec, when they
-still show the launcher's memory. They are not held to the limit. A process below neither a
-rank nor the launcher (one a rank detached from its tree, which the subreaper adopts) belongs
-to a group of its own that is held to the limit: memory can't hide by leaving a rank's tree.
+**Memory.** Each rank is held to the limit; so is every process below no rank (one a rank
+detached from its tree, which the subreaper adopts). The launcher is held to the limit on
+what it *grew* by once the first rank appeared: torchrun's own size is InfraRSI's choice, not
+the job's, but the store it hosts for the job is the job's memory.
+
+**Receipts.** The ranks connect to one Unix socket; each connection's peer pid comes from the
+kernel (``SO_PEERCRED``) and its rank from the process tree, so one rank can't write for
+another by naming its channel. Every line is stamped on arrival with the runner's clock.
 """
 
 from __future__ import annotations
 
-__all__ = ["RankGuard", "NO_RANK", "LAUNCHER"]
+import select
+import socket
+import struct
+import threading
+import time
+
+__all__ = ["RankMap", "RankGuard", "SocketReceipts", "NO_RANK", "LAUNCHER"]
 
 NO_RANK = "none"
 LAUNCHER = "launcher"
+_MAX_LINE = 1 << 22  # a receipt line past 4 MB without a newline is not a receipt line
 
 
 def _parent(pid: int) -> int | None:
@@ -49,55 +63,153 @@ def _memory(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
+class RankMap:
+    """The rank of each process of one job (thread-safe: the guard and the socket reader share it)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.launcher: int | None = None
+        self._roots: dict[int, int | str] = {}  # a launcher's child -> its rank (or NO_RANK), first seen
+        self._lock = threading.Lock()
+
+    def _root_rank(self, pid: int) -> int | str | None:
+        if pid not in self._roots:
+            rank = _rank_variable(pid)
+            if rank is None:
+                return None  # between fork and exec: not decided yet
+            self._roots[pid] = rank if 0 <= rank < self.ranks else NO_RANK
+        return self._roots[pid]
+
+    def rank_of(self, pid: int) -> int | str:
+        """``pid``'s rank, or LAUNCHER, or NO_RANK (below neither a rank nor the launcher)."""
+        with self._lock:
+            if self.launcher is None:
+                return NO_RANK
+            for _ in range(64):
+                if pid == self.launcher:
+                    return LAUNCHER
+                parent = _parent(pid)
+                if parent is None:
+                    return NO_RANK
+                if parent == self.launcher:
+                    rank = self._root_rank(pid)
+                    return LAUNCHER if rank is None else rank
+                pid = parent
+            return NO_RANK
+
+
 class RankGuard:
     """Sorts the job's processes into ranks at each sample; ``peaks`` keeps each rank's highest RSS."""
 
-    def __init__(self) -> None:
-        self.launcher: int | None = None
-        self._ranks: dict[int, int] = {}  # pid -> the rank it was seen with (kept)
+    def __init__(self, ranks: RankMap) -> None:
+        self.map = ranks
         self.peaks: dict[int, int] = {}
-
-    def _rank(self, pid: int) -> int | None:
-        if pid not in self._ranks:
-            rank = _rank_variable(pid)
-            if rank is None:
-                return None
-            self._ranks[pid] = rank
-        return self._ranks[pid]
-
-    def _group(self, pid: int, alive: set[int]) -> int | str:
-        for _ in range(64):
-            rank = self._rank(pid)
-            if rank is not None:
-                return rank
-            if pid == self.launcher:
-                return LAUNCHER
-            parent = _parent(pid)
-            if parent == self.launcher:
-                return LAUNCHER
-            if parent not in alive:
-                return NO_RANK
-            pid = parent
-        return NO_RANK
+        self._launcher_base: int | None = None  # the launcher's RSS when the first rank appeared
 
     def sample(self, pids: list[int]) -> tuple[int | str, int, int]:
         """Over the job's ``pids`` (InfraRSI's shim left out): the group held to the limit that
         uses the most memory, its RSS now and its summed high-water marks."""
-        alive = set(pids)
-        if self.launcher is None and pids:
-            self.launcher = pids[0]  # the job's first process, sampled before it starts anything
+        if self.map.launcher is None and pids:
+            self.map.launcher = pids[0]  # the job's first process, sampled before it starts anything
         rss: dict[int | str, int] = {}
         high: dict[int | str, int] = {}
+        launcher_now = 0
         for pid in pids:
-            group = self._group(pid, alive)
+            group = self.map.rank_of(pid)
             now, mark = _memory(pid)
+            if pid == self.map.launcher:
+                launcher_now = now
+            if group == LAUNCHER:
+                continue
             rss[group] = rss.get(group, 0) + now
             high[group] = high.get(group, 0) + mark
+        if self._launcher_base is None and any(isinstance(g, int) for g in rss):
+            self._launcher_base = launcher_now
+        if self._launcher_base is not None:
+            grown = max(0, launcher_now - self._launcher_base)
+            rss[LAUNCHER], high[LAUNCHER] = grown, grown
         for group, value in rss.items():
             if isinstance(group, int):
                 self.peaks[group] = max(self.peaks.get(group, 0), value, high[group])
-        held = [g for g in rss if g != LAUNCHER]
-        if not held:
+        if not rss:
             return NO_RANK, 0, 0
-        worst = max(held, key=lambda g: rss[g])
+        worst = max(rss, key=lambda g: rss[g])
         return worst, rss[worst], high[worst]
+
+
+def describe(group: int | str) -> str:
+    """A guard group as the oom detail names it."""
+    if isinstance(group, int):
+        return f"rank {group}"
+    if group == LAUNCHER:
+        return "the launcher's growth since it started the ranks (the store it hosts for the job)"
+    return "the processes below no rank"
+
+
+class SocketReceipts(threading.Thread):
+    """Accepts the ranks' connections on ``path`` and reads their lines: ``lines`` holds
+    (arrival stamp, rank, text), the rank the kernel's peer pid gives (-1 for no rank)."""
+
+    def __init__(self, path, ranks: RankMap) -> None:
+        super().__init__(daemon=True)
+        self.map = ranks
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        self.server.setblocking(False)
+        self.lines: list[tuple[int, int, str]] = []
+        self.stop = threading.Event()
+        self._open: dict[socket.socket, list] = {}  # connection -> [rank, pending bytes]
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.server.accept()
+        except OSError:
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid = struct.unpack("3i", creds)[0]
+        rank = self.map.rank_of(pid)
+        conn.setblocking(False)
+        self._open[conn] = [rank if isinstance(rank, int) else -1, bytearray()]
+
+    def _read(self, conn: socket.socket) -> None:
+        rank, pending = self._open[conn]
+        try:
+            chunk = conn.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        stamp = time.monotonic_ns()
+        if not chunk:
+            conn.close()
+            del self._open[conn]
+            return
+        start = len(pending)
+        pending += chunk
+        cut = pending.rfind(b"\n", start)
+        if cut < 0:
+            if len(pending) > _MAX_LINE:
+                pending.clear()  # no receipt line is this long: dropped, never buffered without end
+            return
+        for raw in bytes(pending[:cut]).split(b"\n"):
+            self.lines.append((stamp, rank, raw.decode("utf-8", "replace")))
+        del pending[: cut + 1]
+
+    def run(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.server, *self._open], [], [], 0.05)
+            if not ready and self.stop.is_set():
+                break
+            for item in ready:
+                if item is self.server:
+                    self._accept()
+                else:
+                    self._read(item)
+        for conn in self._open:
+            conn.close()
+        self.server.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(timeout=5)

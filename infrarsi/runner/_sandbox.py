@@ -35,15 +35,9 @@ class Sandbox:
         return self.root / "receipts.fifo"
 
     @property
-    def receipt_template(self) -> Path:
-        """A job of several ranks: the channel's name with ``{rank}`` for the probe to fill in."""
-        return self.root / "receipts.{rank}.fifo"
-
-    def receipt_channels(self, ranks: int) -> tuple[Path, ...]:
-        """The FIFOs receipts arrive through: one, or one per rank (in rank order)."""
-        if ranks <= 1:
-            return (self.receipts,)
-        return tuple(Path(str(self.receipt_template).replace("{rank}", str(r))) for r in range(ranks))
+    def receipts_socket(self) -> Path:
+        """A job of several ranks: the socket every rank's receipts arrive on."""
+        return self.root / "receipts.sock"
 
     def apply(self, name: str, text: str, include: str | None = None) -> None:
         """Apply one unified diff to the copy; raises PatchRejected with git's message.

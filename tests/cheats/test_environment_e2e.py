@@ -13,9 +13,13 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+import pytest
 from corpus_labels import HERE
 
 import infrarsi
+
+# Alone, never beside another test: it writes a startup hook into site-packages, which every run beside it would see.
+pytestmark = pytest.mark.serial
 
 PLANTED = ("tinygpt_startup.pth", "_tinygpt_startup.py")
 

@@ -18,6 +18,9 @@ from corpus_labels import HERE
 import infrarsi
 from infrarsi._workspace import open_workspace
 
+# Alone, never beside another test: it compares the step times of back-to-back runs.
+pytestmark = pytest.mark.serial
+
 TIMING_CHEATS = sorted(p.stem for p in (HERE / "timing").glob("*.diff"))
 
 

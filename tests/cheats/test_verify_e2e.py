@@ -7,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from corpus_labels import HERE
 
 from infrarsi._policy import REQUIRED_CHECKS
 from infrarsi.ledger import Ledger
+
+# Alone, never beside another test: a real speedup is accepted and a no-op rejected on the A/B alone.
+pytestmark = pytest.mark.serial
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 

@@ -11,7 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from infrarsi.ledger import Ledger
+
+# Alone, never beside another test: the demo promotes only what its A/B resolves.
+pytestmark = pytest.mark.serial
 
 
 def test_demo_takes_tinygpt_through_every_stage(tmp_path):

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from unmodified import baselined_workspace, cheat, cli, failing
 
+# Alone, never beside another test: an honest patch is accepted after its A/B.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:

@@ -18,6 +18,9 @@ from infrarsi import init
 from infrarsi._audit._reaudit import audit_ledger
 from infrarsi.ledger import KeyPair, canonical_json
 
+# Alone, never beside another test: its ledgers hold accepted verifies (an A/B).
+pytestmark = pytest.mark.serial
+
 TINYGPT = Path(__file__).parents[2] / "examples" / "tinygpt"
 CHEATS = Path(__file__).parents[1] / "cheats"
 ASSETS = Path(__file__).parents[1] / "assets"

@@ -13,6 +13,9 @@ import pytest
 
 from infrarsi._receipt import verify_receipt
 
+# Alone, never beside another test: an honest patch on two ranks is accepted after its A/B.
+pytestmark = pytest.mark.serial
+
 TINYGPT = Path(__file__).resolve().parents[2] / "examples" / "tinygpt"
 HERE = Path(__file__).parent
 CLI = [sys.executable, "-m", "infrarsi.cli"]
@@ -36,7 +39,7 @@ def ddp_workspace(tmp_path_factory) -> Path:
 
 
 def test_an_honest_patch_on_two_ranks_is_accepted(ddp_workspace):
-    done, out = _cli(ddp_workspace, "verify", "--patch", "batched-heads", "--set", "attention=sdpa", "--pairs", "2")
+    done, out = _cli(ddp_workspace, "verify", "--patch", "batched-heads", "--set", "attention=sdpa", "--pairs", "3")
     failing = [c for c in out.get("checks", []) if c["status"] != "pass"]
     assert done.returncode == 0 and out["accepted"], (failing, done.stderr)
     checks = {c["id"]: c for c in out["checks"]}

@@ -18,6 +18,9 @@ from hypothesis import given, settings, strategies as st
 from infrarsi._report._document import Document
 from infrarsi.examples.landscape import Landscape, make_workspace
 
+# Alone, never beside another test: its receipts come from an A/B.
+pytestmark = pytest.mark.serial
+
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -21,6 +21,9 @@ from infrarsi._search._pack import PACK_VERSION, validate_pack
 from infrarsi.errors import UsageError
 from infrarsi.examples.landscape import Landscape, make_workspace
 
+# Alone, never beside another test: the searches promote what their A/B resolves.
+pytestmark = pytest.mark.serial
+
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
 
