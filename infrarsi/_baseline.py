@@ -122,7 +122,8 @@ def _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device):
     """MFU, the peak it is measured against, and a warning when it is too high to believe.
 
     No MFU without a peak: the contract's, or, for a job on ``cuda`` (or a device not said), the
-    table's for the one kind of GPU the machine has, per GPU (a job on one GPU)."""
+    table's for the one kind of GPU the machine has. The peak is per device and a job of several
+    ranks runs one device per rank (torchrun's convention), so its peak is the ranks' together."""
     if not isinstance(flops, (int, float)) or isinstance(flops, bool) or not tokens_per_s:
         return None, None, None
     gpus = ((results[0].evidence or {}).get("fingerprint") or {}).get("gpus") or []
@@ -133,7 +134,8 @@ def _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device):
     peak = peak_for(peak_tflops, [str(g) for g in gpus], training_precision(seen))
     if peak is None:
         return None, None, None
-    mfu = float(flops) * tokens_per_s / (peak.tflops * 1e12)
+    devices = _run(results[0]).ranks
+    mfu = float(flops) * tokens_per_s / (peak.tflops * 1e12 * devices)
     warning = None
     if mfu > IMPLAUSIBLE_MFU:
         where = "[resources] peak_tflops" if peak.source == "contract" else f"the {peak.device} {peak.precision} peak"

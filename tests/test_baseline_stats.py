@@ -176,3 +176,40 @@ def test_a_cpu_job_on_a_gpu_machine_gets_no_gpu_peak():
     h100 = run([500, 100, 100, 100], [4.0, 3.0, 2.0, 1.0], 300.0, ["NVIDIA H100 80GB HBM3"], flops=1e9)
     assert summarise([h100], [1], WARMUP, MEASURE, None, device="cpu").mfu is None
     assert summarise([h100], [1], WARMUP, MEASURE, None, device="cuda").mfu_peak["device"] == "NVIDIA H100 80GB HBM3"
+
+
+def two_ranks(result: ExecutionResult, loss_shift: float = 0.5) -> ExecutionResult:
+    """``result`` as two ranks: rank 1's lines the same steps with its own loss, tagged by the runner."""
+    lines = result.receipts.decode().splitlines()
+    tagged = [(line, 0) for line in lines]
+    for line in lines:
+        record = json.loads(line)
+        if record.get("type") == "step":
+            record["loss"] += loss_shift
+        tagged.append((json.dumps(record), 1))
+    evidence = {
+        **result.evidence,
+        "ranks": 2,
+        "line_ranks": [rank for _, rank in tagged],
+        "arrivals_ns": [10**9 + i for i in range(len(tagged))],
+    }
+    return ExecutionResult(
+        result.candidate,
+        "ok",
+        step_time_s=result.step_time_s,
+        peak_mem_mb=result.peak_mem_mb,
+        receipts=("\n".join(line for line, _ in tagged) + "\n").encode(),
+        evidence=evidence,
+    )
+
+
+def test_two_ranks_keep_a_reference_each_count_both_ranks_tokens_and_two_devices_for_mfu():
+    one = run([100, 100, 100, 100], [4.0, 3.0, 2.0, 1.0], 10, gpus=["NVIDIA H100 80GB HBM3"], flops=1e9)
+    single = summarise([one], [1], WARMUP, MEASURE, None, device="cuda")
+    both = summarise([two_ranks(one)], [1], WARMUP, MEASURE, None, device="cuda")
+    assert both.tokens_per_step == 2 * single.tokens_per_step == 128
+    # Twice the tokens on twice the devices: the same utilisation.
+    assert both.mfu == pytest.approx(single.mfu)
+    assert [r["loss"] for r in both.reference_ranks] == [[4.0, 3.0, 2.0, 1.0], [4.5, 3.5, 2.5, 1.5]]
+    assert [r["tokens_per_step"] for r in both.reference_ranks] == [64, 64]
+    assert both.reference["loss"] == [4.0, 3.0, 2.0, 1.0]  # rank 0's

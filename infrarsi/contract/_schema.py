@@ -137,9 +137,9 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
             "peak_tflops",
             "float",
             None,
-            "the device peak MFU is measured against; unset, a GPU in the built-in table of data-sheet "
-            "peaks (H100, H200, A100, L40S, L4, V100) gives it for the precision the baseline trains in, "
-            "and elsewhere (the CPU) there is no MFU",
+            "one device's peak MFU is measured against (a job of several ranks: one device each, so their "
+            "peaks add up); unset, a GPU in the built-in table of data-sheet peaks (H100, H200, A100, L40S, "
+            "L4, V100) gives it for the precision the baseline trains in, and elsewhere (the CPU) there is no MFU",
             minimum=0,
             exclusive_minimum=True,
         ),
