@@ -130,7 +130,11 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     """Run one workload to its end, and return what was seen from outside."""
     fds: dict[str, int] = {}
     cgroup = None
+    channel = None
     try:
+        if spec.receipts_socket is not None:
+            # Listening before the job starts, as the FIFO is opened before it: no rank can be early.
+            channel = SocketReceipts(spec.receipts_socket, RankMap(spec.ranks))
         if spec.receipts_fifo is not None:
             os.mkfifo(spec.receipts_fifo, 0o600)
             fds["fifo"] = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -141,8 +145,10 @@ def launch(spec: LaunchSpec) -> LaunchResult:
         os.set_blocking(fds["report"], False)
         cgroup = Cgroup.create() if spec.cgroups else None
         with adopting_orphans():
-            return _launch(spec, cgroup, fds)
+            return _launch(spec, cgroup, fds, channel)
     finally:
+        if channel is not None:
+            channel.finish()
         for name in list(fds):
             _close(fds, name)
         if cgroup is not None:
@@ -156,7 +162,9 @@ def _close(fds: dict[str, int], name: str) -> None:
             os.close(fd)
 
 
-def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> LaunchResult:
+def _launch(
+    spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int], channel: SocketReceipts | None
+) -> LaunchResult:
     started = time.monotonic_ns()
     box = Containment(cgroup, started)
     argv = shimmed(spec.argv, spec.env, fds["report_w"], cgroup.path / "cgroup.procs" if cgroup else None)
@@ -181,8 +189,7 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
     }
     if "fifo" in fds:
         readers["receipts"] = _LineReader(fds["fifo"], keep_lines=True)
-    ranks = RankGuard(RankMap(spec.ranks)) if spec.ranks > 1 else None
-    channel = SocketReceipts(spec.receipts_socket, ranks.map) if ranks and spec.receipts_socket else None
+    ranks = RankGuard(channel.map if channel else RankMap(spec.ranks)) if spec.ranks > 1 else None
     for reader in [*readers.values(), *([channel] if channel else [])]:
         reader.start()
 
@@ -236,8 +243,6 @@ def _launch(spec: LaunchSpec, cgroup: Cgroup | None, fds: dict[str, int]) -> Lau
         os.wait4(proc.pid, 0)
         box.sweep(root_lost)
         _stop(readers, proc)
-        if channel:
-            channel.finish()
         raise
     ended = main_ended or time.monotonic_ns()
     report.read()

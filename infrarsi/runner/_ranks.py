@@ -211,5 +211,9 @@ class SocketReceipts(threading.Thread):
         self.server.close()
 
     def finish(self) -> None:
+        """Read what is left and close (once; a reader never started just closes its socket)."""
         self.stop.set()
-        self.join(timeout=5)
+        if self.is_alive():
+            self.join(timeout=5)
+        elif self.ident is None:
+            self.server.close()
