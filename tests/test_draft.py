@@ -59,6 +59,33 @@ def test_tinygpt_draft_finds_its_flags_and_environment_knobs_and_init_accepts_it
     assert any(path.startswith("data/") for path in done.pinned)
 
 
+def test_a_torchrun_launch_drafts_a_launcher_with_its_ranks_and_init_accepts_it(tmp_path):
+    folder = _example(tmp_path, "tinygpt")
+    proc, out = _cli_draft(
+        folder, "torchrun", "--standalone", "--nproc_per_node", "2", "train_ddp.py", "--micro-batch", "8"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out["launcher"] == {"kind": "torchrun", "nproc_per_node": 2}
+    assert out["command"] == ["python", "train_ddp.py", "--micro-batch", "8"]
+    init(folder / "infrarsi.toml")
+    contract = load_contract(folder / "infrarsi.toml")
+    assert contract.ranks == 2
+    assert _argv(folder / "infrarsi.toml") == [
+        "torchrun",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "train_ddp.py",
+        "--micro-batch",
+        "8",
+    ]
+    for bad, words in (
+        (["torchrun", "--nnodes=2", "--nproc_per_node=2", "train_ddp.py"], "several nodes"),
+        (["torchrun", "--nproc-per-node=gpu", "train_ddp.py"], "number of ranks"),
+    ):
+        proc, _ = _cli_draft(folder, *bad)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
 def test_single_file_gpt_draft_reads_its_config_file_and_key_value_arguments(tmp_path):
     folder = _example(tmp_path, "single-file-gpt")
     proc, out = _cli_draft(

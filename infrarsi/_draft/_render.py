@@ -63,6 +63,11 @@ def render(draft, name: str) -> str:
         "[task]",
         f"name = {_string(task_name)}",
         f"command = {_strings(draft.command)}",
+        *(
+            [f'launcher = "{draft.launcher}"     # the job as it is launched today', f"nproc_per_node = {draft.ranks}"]
+            if draft.launcher != "none"
+            else []
+        ),
         "timeout_s = 900",
         'evidence = "auto"      # the autoprobe observes the optimizer\'s steps: the script is not edited',
         "# tokens_per_step = 0  # where the model's first input is not the token ids, say how many a step trains on",
