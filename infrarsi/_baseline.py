@@ -14,7 +14,7 @@ from infrarsi._workspace import open_workspace
 from infrarsi.contract import Candidate
 from infrarsi.errors import BaselineFailed, BaselineRejected
 from infrarsi.runner import ExecutionResult, parse_receipts
-from infrarsi.verifiers import RunEvidence, compare_param_grads, observed_precisions, steps_from_lines
+from infrarsi.verifiers import RunEvidence, compare_param_grads, observed_precisions, receipt_lines, steps_from_lines
 
 __all__ = ["BaselineSummary", "baseline", "summarise"]
 
@@ -79,13 +79,13 @@ def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[flo
 
 
 def _run(result: ExecutionResult) -> RunEvidence:
-    return RunEvidence.from_stored(result.receipts.decode("utf-8", "replace").splitlines(), result.evidence or {})
+    return RunEvidence.from_stored(receipt_lines(result.receipts), result.evidence or {})
 
 
 def _rank_lines(result: ExecutionResult, rank: int) -> list[str]:
     """One rank's receipt lines (a one-process job's are all its lines)."""
     run = _run(result)
-    return run.of_rank(rank).receipt_lines if run.ranks > 1 else run.receipt_lines
+    return run.of_rank(rank).receipt_lines if run.line_ranks is not None else run.receipt_lines
 
 
 def _counted(tokens: list) -> int | None:
@@ -129,7 +129,7 @@ def _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device):
     gpus = ((results[0].evidence or {}).get("fingerprint") or {}).get("gpus") or []
     if device == "cpu":
         gpus = []  # a CPU job on a GPU machine: the GPU's peak says nothing about it
-    steps = steps_from_lines(results[0].receipts.decode("utf-8", "replace").splitlines())
+    steps = steps_from_lines(receipt_lines(results[0].receipts))
     seen, _ = observed_precisions([s for s in steps if warmup < s.step <= warmup + measure])
     peak = peak_for(peak_tflops, [str(g) for g in gpus], training_precision(seen))
     if peak is None:
@@ -156,7 +156,8 @@ def summarise(
     device: str | None = None,
 ) -> BaselineSummary:
     """Statistics of successful baseline runs (pure: evidence in, summary out)."""
-    ranks = _run(results[0]).ranks
+    first = _run(results[0])
+    ranks = first.ranks if first.line_ranks is not None else 0  # 0: one process, no launcher
     # Rank 0's receipts (a one-process job's: all of them) give the trajectories and what the job declared.
     receipt_sets = [parse_receipts(_rank_lines(r, 0)) for r in results]
     medians = [r.step_time_s for r in results]
@@ -175,7 +176,7 @@ def summarise(
     # Tokens: the receipts' own count (the probe's, or the autoprobe's inputs), else the contract's
     # `tokens_per_step`; which one is in `tokens_source`.
     # A job of several ranks trains on every rank's tokens: its steps sum them (`merged_steps`).
-    if ranks > 1:
+    if ranks:
         tokens = [s.get("tokens") for r in results for s in _run(r).steps if warmup < s.step <= warmup + measure]
     else:
         tokens = [rec.get("tokens") for rs in receipt_sets for rec in rs.measured(warmup, measure)]
@@ -189,7 +190,7 @@ def summarise(
     mfu, peak, warning = _mfu(results, warmup, measure, peak_tflops, flops, tokens_per_s, device)
     peaks = [r.peak_mem_mb for r in results if r.peak_mem_mb is not None]
     reference, spread = _trajectories(receipt_sets, warmup + measure)
-    per_rank = _per_rank(results, ranks, warmup, measure, spread) if ranks > 1 else None
+    per_rank = _per_rank(results, ranks, warmup, measure, spread) if ranks else None
     return BaselineSummary(
         runs=len(results),
         executions=executions,
@@ -218,7 +219,7 @@ def observed_reference(receipts: bytes | list[str]) -> dict:
     verifiers then can't judge it).
     """
     found: dict[str, dict[str, object]] = {"param_grad_norms": {}, "param_grad_min_rows": {}, "ops": {}}
-    lines = receipts if isinstance(receipts, list) else receipts.decode("utf-8", "replace").splitlines()
+    lines = receipts if isinstance(receipts, list) else receipt_lines(receipts)
     for step in steps_from_lines(lines):
         for key, field, kind in (
             ("param_grad_norms", "grads", dict),

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field, replace
 
 from infrarsi._policy import required_checks
 from infrarsi.runner import ExecutionResult
-from infrarsi.verifiers import BaselineReference, CheckResult, Rules, RunEvidence, compare_param_grads, judge_run
+from infrarsi.verifiers import (
+    BaselineReference,
+    CheckResult,
+    Rules,
+    RunEvidence,
+    compare_param_grads,
+    judge_run,
+    receipt_lines,
+)
 
 __all__ = ["Problem", "SelfCheck", "self_check", "tolerance_that_holds"]
 
@@ -201,9 +209,7 @@ def self_check(summary, results: list[ExecutionResult], contract, observed: list
     found = SelfCheck()
     seen: set[str] = set()
     for result in results:
-        evidence = RunEvidence.from_stored(
-            result.receipts.decode("utf-8", "replace").splitlines(), result.evidence or {}
-        )
+        evidence = RunEvidence.from_stored(receipt_lines(result.receipts), result.evidence or {})
         for check in judge_run(evidence, reference, structural):
             if check.status in ("pass", "skipped") or check.id in seen:
                 continue

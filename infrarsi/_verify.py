@@ -33,6 +33,7 @@ from infrarsi.verifiers import (
     check_scope,
     check_speedup,
     judge_run,
+    receipt_lines,
 )
 
 __all__ = ["VerifyOutcome", "Verification", "verify", "stored_step_time"]
@@ -61,7 +62,7 @@ class VerifyOutcome:
 
 
 def _run_evidence(result: ExecutionResult) -> RunEvidence:
-    return RunEvidence.from_stored(result.receipts.decode("utf-8", "replace").splitlines(), result.evidence or {})
+    return RunEvidence.from_stored(receipt_lines(result.receipts), result.evidence or {})
 
 
 def stored_step_time(summary: dict) -> tuple[float, float | None] | None:

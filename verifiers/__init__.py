@@ -1,6 +1,14 @@
 """Verifiers: pure functions from stored evidence to a CheckResult. No I/O, no clock."""
 
-from ._evidence import BaselineReference, RunEvidence, StepRecord, merged_steps, step_ranges, steps_from_lines
+from ._evidence import (
+    BaselineReference,
+    RunEvidence,
+    StepRecord,
+    merged_steps,
+    receipt_lines,
+    step_ranges,
+    steps_from_lines,
+)
 from ._integrity import check_containment, check_manifest, check_run_integrity
 from ._judge import RULE_VERSION, Rules, combine_ranks, judge_run
 from ._numerics import check_trajectory, compare_param_grads
@@ -32,6 +40,7 @@ __all__ = [
     "StepRecord",
     "steps_from_lines",
     "merged_steps",
+    "receipt_lines",
     "step_ranges",
     "check_containment",
     "check_manifest",

@@ -14,6 +14,7 @@ __all__ = [
     "steps_from_lines",
     "first_per_step",
     "merged_steps",
+    "receipt_lines",
     "step_ranges",
 ]
 
@@ -28,6 +29,15 @@ class StepRecord:
 
     def get(self, key: str):
         return self.record.get(key)
+
+
+def receipt_lines(stored: bytes | str) -> list[str]:
+    """Stored receipts as the runner read them: split at ``\n`` only, as its readers split them.
+    (``str.splitlines`` also splits at ``\r``, ``\u2028`` and more: one such character inside a
+    line would shift every later line off its arrival stamp and its rank.)"""
+    text = stored.decode("utf-8", "replace") if isinstance(stored, bytes) else stored
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def steps_from_lines(lines: list[str], arrivals_ns: list[int] | None = None) -> list[StepRecord]:
@@ -79,9 +89,9 @@ def merged_steps(per_rank: list[list[StepRecord]]) -> list[StepRecord]:
 class RunEvidence:
     """What one execution left: its receipt lines, their arrival stamps, run-time hashes.
 
-    A job of several ranks (``ranks`` > 1) sent each rank's lines through a channel of its
-    own; ``line_ranks`` is the runner's note of which channel each line came through (the
-    job's own claims about its rank count for nothing). Its ``steps`` are then the job's
+    A job under a launcher (torchrun: ``ranks`` of them, one or more) has ``line_ranks``, the
+    runner's note of which rank's process wrote each line, as the kernel named it (the job's
+    own claims about its rank count for nothing). Its ``steps`` are then the job's
     steps (:func:`merged_steps`), and :meth:`of_rank` is one rank's evidence.
     """
 
@@ -109,7 +119,7 @@ class RunEvidence:
             integrity=evidence.get("integrity"),
             evidence_kind=evidence.get("evidence_kind", "probe"),
             sampled_steps=tuple(sampled) if isinstance(sampled, list) else None,
-            ranks=ranks if type(ranks) is int and ranks > 1 else 1,
+            ranks=ranks if type(ranks) is int and ranks >= 1 else 1,
             # A tag that is not a rank number puts its line in no rank.
             line_ranks=tuple(t if type(t) is int else -1 for t in tags) if isinstance(tags, list) else None,
         )
@@ -130,7 +140,7 @@ class RunEvidence:
     @functools.cached_property
     def steps(self) -> list[StepRecord]:
         """Parsed once: every check reads them. Several ranks: the job's steps, as :func:`merged_steps`."""
-        if self.ranks > 1:
+        if self.line_ranks is not None:
             return merged_steps([self.of_rank(r).steps for r in range(self.ranks)])
         return steps_from_lines(self.receipt_lines, self.arrivals_ns)
 

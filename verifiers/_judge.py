@@ -51,7 +51,7 @@ def judge_run(run: RunEvidence, reference: BaselineReference, rules: Rules) -> l
     A job of several ranks is judged rank by rank against the same rank of the baseline, and
     a check passes only where it passes for every rank; the step time is the job's
     (:func:`merged_steps`), never one rank's."""
-    if run.ranks > 1:
+    if run.line_ranks is not None:
         per_rank = [_judge_one(run.of_rank(r), reference.rank(r), rules) for r in range(run.ranks)]
         return [*check_run_integrity(run.integrity), *combine_ranks(per_rank)]
     return [*check_run_integrity(run.integrity), *_judge_one(run, reference, rules)]
@@ -83,6 +83,10 @@ def combine_ranks(per_rank: list[list[CheckResult]]) -> list[CheckResult]:
             out.append(CheckResult(first.id, status, detail, wrong[0][1].evidence))
         elif all(c.status == "skipped" for c in results):
             out.append(first)
+        elif any(c.status == "skipped" for c in results):  # some ranks had nothing to judge: not a pass
+            skipped = [(r, c) for r, c in enumerate(results) if c.status == "skipped"]
+            detail = "; ".join(f"rank {r}: {c.detail}" for r, c in skipped)
+            out.append(CheckResult(first.id, "skipped", detail, skipped[0][1].evidence))
         else:
             out.append(
                 CheckResult(first.id, "pass", f"every one of {len(results)} ranks: {first.detail}", first.evidence)

@@ -57,7 +57,7 @@ def window_periods(run: RunEvidence, warmup: int, measure: int) -> tuple[list[in
     ranks take turns: one waiting out the warm-up, then running its window while the other
     still finishes each step late, every step end the fast rank's.)
     """
-    if run.ranks > 1:
+    if run.line_ranks is not None:
         windows = []
         for rank in range(run.ranks):
             found = window_periods(run.of_rank(rank), warmup, measure)
@@ -93,7 +93,7 @@ def runner_step_time(run: RunEvidence, warmup: int, measure: int) -> float | Non
 def region_share(run: RunEvidence, warmup: int, measure: int) -> float | None:
     """The share of the measured periods that the probe's own regions cover (a diagnostic;
     a job of several ranks: the smallest rank's)."""
-    if run.ranks > 1:
+    if run.line_ranks is not None:
         shares = [region_share(run.of_rank(r), warmup, measure) for r in range(run.ranks)]
         return None if None in shares else min(shares)
     found = window_periods(run, warmup, measure)

@@ -21,7 +21,7 @@ from infrarsi.contract import Contract, PatchRef, parse_contract
 from infrarsi.errors import ContractError, PatchRejected
 from infrarsi.ledger import Ledger, LedgerError
 from infrarsi.runner import apply_to
-from infrarsi.verifiers import BaselineReference, CheckResult, RunEvidence, check_scope
+from infrarsi.verifiers import BaselineReference, CheckResult, RunEvidence, check_scope, receipt_lines
 
 __all__ = ["Evidence", "SourceJudge", "RUN_IDS", "SCOPE_IDS", "missing", "run_evidence", "source_key", "stored_sources"]
 
@@ -94,7 +94,7 @@ class Evidence:
         stored = self.blob(evidence_hash)
         if stored is None:
             return "the runner's evidence (clock stamps, integrity) is not in the ledger"
-        return RunEvidence.from_stored(receipts.decode("utf-8", "replace").splitlines(), json.loads(stored))
+        return RunEvidence.from_stored(receipt_lines(receipts), json.loads(stored))
 
     def _reference(self, baseline_id: int | None) -> BaselineReference | str:
         if baseline_id is None:

@@ -253,7 +253,9 @@ class _Parser:
     def check_task(self, task: Section) -> None:
         if not task.command:
             self.fail("task", "command", "expected a non-empty argv list, got []")
-        if task.evidence == "auto" and (task.command[0] != "python" or len(task.command) < 2):
+        if task.evidence == "auto" and (
+            task.command[0] != "python" or len(task.command) < 2 or task.command[1] == "-m"
+        ):
             self.fail("task", "command", 'evidence = "auto" needs a command of the form ["python", "SCRIPT", ...]')
         check_launcher(task, self.fail)
 

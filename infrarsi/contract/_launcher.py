@@ -6,6 +6,7 @@ The runner turns that launch into torchrun under its own interpreter (runner/_ex
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,10 @@ def check_launcher(task: Any, fail: Callable[..., Any]) -> None:
             f'launcher = "{task.launcher}" needs a command of the form ["python", "SCRIPT", ...] or '
             f'["python", "-m", "MODULE", ...] (torchrun starts the interpreter itself), got {command!r}',
         )
+    if task.evidence == "auto" and not script_form:
+        fail("task", "command", 'evidence = "auto" runs a script: expected ["python", "SCRIPT", ...], not a module')
+    if not sys.platform.startswith("linux"):
+        fail("task", "launcher", "a launcher needs Linux: the kernel names the process (so the rank) of each receipt")
     if task.evidence == "log":
         fail(
             "task",
@@ -45,7 +50,8 @@ def check_launcher(task: Any, fail: Callable[..., Any]) -> None:
 
 
 def ranks(task: Any) -> int:
-    """How many processes report receipts: 1, or every rank the launcher starts."""
+    """How many processes report receipts: 1, or every rank the launcher starts (``nnodes`` is 1
+    until a cluster executor exists: check_launcher refuses more)."""
     return 1 if task.launcher == "none" else task.nproc_per_node * task.nnodes
 
 

@@ -162,11 +162,12 @@ class LocalExecutor:
         extra = dict(knob_env)
         extra[STEPS_ENV] = str(contract.total_steps)
         sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
-        ranks = contract.ranks
+        # Under a launcher: one socket for every rank, on which the kernel says which process
+        # (so which rank) wrote; the launcher's own processes are not the job's memory.
+        ranks = contract.ranks if contract.task.launcher != "none" else None
         if not log_mode:
             extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
-            # Several ranks: one socket, on which the kernel says which process (so rank) wrote.
-            extra[RECEIPTS_ENV] = f"unix:{box.receipts_socket}" if ranks > 1 else str(box.receipts)
+            extra[RECEIPTS_ENV] = f"unix:{box.receipts_socket}" if ranks else str(box.receipts)
         env = workload_env(os.environ, home=str(box.home), extra=extra)
         limit = int(contract.resources.memory_limit_mb * 2**20)
         seen = launch(
@@ -176,8 +177,8 @@ class LocalExecutor:
                 env=env,
                 timeout_s=contract.task.timeout_s,
                 memory_limit_bytes=limit,
-                receipts_fifo=None if log_mode or ranks > 1 else box.receipts,
-                receipts_socket=box.receipts_socket if ranks > 1 and not log_mode else None,
+                receipts_fifo=None if log_mode or ranks else box.receipts,
+                receipts_socket=box.receipts_socket if ranks and not log_mode else None,
                 ranks=ranks,
             )
         )
@@ -214,7 +215,7 @@ class LocalExecutor:
         evidence = {
             "version": 1,
             "argv": [os.path.basename(argv[0])] + argv[1:],
-            **(_rank_evidence(ranks, seen) if ranks > 1 else {}),
+            **(_rank_evidence(ranks, seen) if ranks else {}),
             "knob_env": knob_env,
             "evidence_kind": contract.task.evidence,
             "started_ns": seen.started_ns,

@@ -35,7 +35,7 @@ _OOM_MARKERS = (
     "DefaultCPUAllocator: can't allocate memory",
 )
 _STDERR_TAIL = 8000
-_MAX_LINE = 1 << 22  # a line past 4 MB without a newline is cut there: reading stays linear
+_MAX_LINE = 1 << 22  # a line past 4 MB without a newline is dropped: reading stays linear
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,10 @@ class LaunchSpec:
     timeout_s: float
     memory_limit_bytes: int
     receipts_fifo: Path | None = None
-    # A job of several ranks: their receipts arrive on this socket instead, and the memory
-    # limit holds for each rank on its own (see _ranks).
+    # A job under a launcher: its ranks' receipts arrive on this socket instead, and the memory
+    # limit holds for each rank on its own (see _ranks). None: one process, no launcher.
     receipts_socket: Path | None = None
-    ranks: int = 1
+    ranks: int | None = None
     cgroups: bool = True  # False: the subreaper alone (tests; machines whose cgroups misbehave)
 
 
@@ -88,6 +88,7 @@ class _LineReader(threading.Thread):
 
     def run(self) -> None:
         pending = bytearray()
+        skipping = False  # inside a line too long to keep, until its newline
         while True:
             ready, _, _ = select.select([self.fd], [], [], 0.05)
             if not ready:
@@ -109,17 +110,21 @@ class _LineReader(threading.Thread):
             pending += chunk
             cut = pending.rfind(b"\n", start)
             if cut < 0:
-                if len(pending) > _MAX_LINE:  # a line without end: kept as its first part, never grown
-                    del pending[_MAX_LINE:]
+                if len(pending) > _MAX_LINE:  # no line is this long: dropped whole, never buffered
+                    pending.clear()
+                    skipping = True
                 continue
-            for raw in bytes(pending[:cut]).split(b"\n"):
+            parts = bytes(pending[:cut]).split(b"\n")
+            if skipping:  # the end of a dropped line
+                parts, skipping = parts[1:], False
+            for raw in parts:
                 text = raw.decode("utf-8", "replace")
                 if self.keep_lines:
                     self.lines.append((stamp, text))
                 if self.keep_tail:
                     self.tail.append(text)
             del pending[: cut + 1]
-        if pending and self.keep_tail:
+        if pending and self.keep_tail and not skipping:
             self.tail.append(pending.decode("utf-8", "replace"))
 
     def tail_text(self) -> str:
@@ -134,7 +139,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     try:
         if spec.receipts_socket is not None:
             # Listening before the job starts, as the FIFO is opened before it: no rank can be early.
-            channel = SocketReceipts(spec.receipts_socket, RankMap(spec.ranks))
+            channel = SocketReceipts(spec.receipts_socket, RankMap(spec.ranks or 1))
         if spec.receipts_fifo is not None:
             os.mkfifo(spec.receipts_fifo, 0o600)
             fds["fifo"] = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -189,7 +194,7 @@ def _launch(
     }
     if "fifo" in fds:
         readers["receipts"] = _LineReader(fds["fifo"], keep_lines=True)
-    ranks = RankGuard(channel.map if channel else RankMap(spec.ranks)) if spec.ranks > 1 else None
+    ranks = RankGuard(channel.map if channel else RankMap(spec.ranks)) if spec.ranks else None
     for reader in [*readers.values(), *([channel] if channel else [])]:
         reader.start()
 
@@ -212,16 +217,16 @@ def _launch(
                 max_gap = max(max_gap, now - last_sample)
             last_sample = now
             samples += 1
-            where = "the process tree"
+            where = "the process tree's RSS"
             if ranks is not None:  # each rank on its own (_ranks)
                 group, rss, high = ranks.sample(pids[1:] if box.shimmed else pids)
-                where = describe(group)
+                where = f"the RSS of {describe(group)}"
             peak = max(peak, rss, high)
             if rss > spec.memory_limit_bytes:
                 status = "oom"
                 detail = (
                     f"needs more than the limit of {spec.memory_limit_bytes / 2**20:.0f} MB "
-                    f"(killed when the RSS of {where} reached {rss / 2**20:.0f} MB)"
+                    f"(killed when {where} reached {rss / 2**20:.0f} MB)"
                 )
             elif main_ended is None and now > deadline:
                 status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
@@ -259,8 +264,9 @@ def _launch(
     if channel:
         channel.finish()
     lines = readers["receipts"].lines if "receipts" in readers else []
+    arrived = list(channel.lines) if channel else []  # a copy: a reader cut short by its join may still append
     if channel:
-        lines = [(stamp, text) for stamp, _, text in channel.lines]
+        lines = [(stamp, text) for stamp, _, text in arrived]
 
     stderr_tail = readers["err"].tail_text()
     if status is None:
@@ -278,17 +284,11 @@ def _launch(
         started_ns=started,
         ended_ns=ended,
         # The kernel's figure only when no sample was taken (it also counts our own size).
-        peak_rss_bytes=(
-            max(ranks.peaks.values(), default=0)
-            if ranks and status != "oom"
-            else peak
-            if status == "oom" or samples
-            else usage.ru_maxrss * 1024
-        ),
+        peak_rss_bytes=peak if status == "oom" or samples else usage.ru_maxrss * 1024,
         guard_samples=samples,
         guard_max_gap_ns=max_gap,
         receipt_lines=lines,
-        receipt_ranks=[rank for _, rank, _ in channel.lines] if channel else [],
+        receipt_ranks=[rank for _, rank, _ in arrived],
         rank_peaks_bytes=dict(ranks.peaks) if ranks else {},
         stdout_lines=readers["out"].lines,
         stderr_tail=stderr_tail,

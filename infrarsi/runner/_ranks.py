@@ -6,7 +6,8 @@ own, and the receipt socket on which the kernel, not the job, says which rank wr
 ``RANK`` stays what it was), and every process below it, whatever its own environment says.
 A ``RANK`` outside ``0..ranks-1`` makes no rank. The launcher's children that show no
 ``RANK`` yet are workers between fork and exec (they still show the launcher's memory) and
-count as the launcher's.
+count as the launcher's, for ``EXEC_GRACE_S`` at most: one still without a rank after that (a
+rank's child made the launcher's with ``clone(CLONE_PARENT)``, say) is no rank's.
 
 **Memory.** Each rank is held to the limit; so is every process below no rank (one a rank
 detached from its tree, which the subreaper adopts). The launcher is held to the limit on
@@ -31,6 +32,7 @@ __all__ = ["RankMap", "RankGuard", "SocketReceipts", "NO_RANK", "LAUNCHER"]
 NO_RANK = "none"
 LAUNCHER = "launcher"
 _MAX_LINE = 1 << 22  # a receipt line past 4 MB without a newline is not a receipt line
+EXEC_GRACE_S = 1.0  # how long a launcher's child may show no RANK (fork to exec takes milliseconds)
 
 
 def _parent(pid: int) -> int | None:
@@ -70,14 +72,19 @@ class RankMap:
         self.ranks = ranks
         self.launcher: int | None = None
         self._roots: dict[int, int | str] = {}  # a launcher's child -> its rank (or NO_RANK), first seen
+        self._unranked: dict[int, float] = {}  # a launcher's child seen without RANK -> when first seen
         self._lock = threading.Lock()
 
     def _root_rank(self, pid: int) -> int | str | None:
         if pid not in self._roots:
             rank = _rank_variable(pid)
             if rank is None:
-                return None  # between fork and exec: not decided yet
-            self._roots[pid] = rank if 0 <= rank < self.ranks else NO_RANK
+                first = self._unranked.setdefault(pid, time.monotonic())
+                if time.monotonic() - first < EXEC_GRACE_S:
+                    return None  # between fork and exec: not decided yet
+                self._roots[pid] = NO_RANK
+            else:
+                self._roots[pid] = rank if 0 <= rank < self.ranks else NO_RANK
         return self._roots[pid]
 
     def rank_of(self, pid: int) -> int | str:
@@ -154,12 +161,16 @@ class SocketReceipts(threading.Thread):
         super().__init__(daemon=True)
         self.map = ranks
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(path))
-        self.server.listen(64)
+        try:
+            self.server.bind(str(path))
+            self.server.listen(64)
+        except OSError:
+            self.server.close()
+            raise
         self.server.setblocking(False)
         self.lines: list[tuple[int, int, str]] = []
         self.stop = threading.Event()
-        self._open: dict[socket.socket, list] = {}  # connection -> [rank, pending bytes]
+        self._open: dict[socket.socket, list] = {}  # connection -> [rank, pending bytes, skipping]
 
     def _accept(self) -> None:
         try:
@@ -170,10 +181,10 @@ class SocketReceipts(threading.Thread):
         pid = struct.unpack("3i", creds)[0]
         rank = self.map.rank_of(pid)
         conn.setblocking(False)
-        self._open[conn] = [rank if isinstance(rank, int) else -1, bytearray()]
+        self._open[conn] = [rank if isinstance(rank, int) else -1, bytearray(), False]
 
     def _read(self, conn: socket.socket) -> None:
-        rank, pending = self._open[conn]
+        rank, pending, skipping = self._open[conn]
         try:
             chunk = conn.recv(1 << 16)
         except BlockingIOError:
@@ -189,10 +200,15 @@ class SocketReceipts(threading.Thread):
         pending += chunk
         cut = pending.rfind(b"\n", start)
         if cut < 0:
-            if len(pending) > _MAX_LINE:
-                pending.clear()  # no receipt line is this long: dropped, never buffered without end
+            if len(pending) > _MAX_LINE:  # no receipt line is this long: dropped whole, never buffered
+                pending.clear()
+                self._open[conn][2] = True
             return
-        for raw in bytes(pending[:cut]).split(b"\n"):
+        parts = bytes(pending[:cut]).split(b"\n")
+        if skipping:  # the end of a dropped line
+            parts = parts[1:]
+            self._open[conn][2] = False
+        for raw in parts:
             self.lines.append((stamp, rank, raw.decode("utf-8", "replace")))
         del pending[: cut + 1]
 

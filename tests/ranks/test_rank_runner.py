@@ -124,3 +124,16 @@ def test_one_rank_dying_ends_every_rank(ranks_job):
     rank0 = int((ranks_job / "rank0.pid").read_text())
     assert not alive(rank0)
     assert not result.evidence["integrity"]["containment"].get("strays")
+
+
+def test_a_launcher_of_one_rank_holds_the_rank_not_torchrun_to_the_limit(ranks_job):
+    """torchrun's own process (torch imported: some 200 MB) is over this contract's 150 MB alone;
+    with one rank the limit still holds for the rank, and its receipts come through the socket."""
+    one = ranks_job / "one.toml"
+    one.write_text(CONTRACT.replace("nproc_per_node = 2", "nproc_per_node = 1"))
+    contract = load_contract(one)
+    pinned = hash_protected(contract.workspace, contract.protected_globs)
+    result = LocalExecutor().run(contract, pinned, resolve_candidate(contract, {"behaviour": "plain"}, []))
+    assert result.status == "ok", (result.detail, result.stderr_tail)
+    assert result.evidence["ranks"] == 1 and set(result.evidence["line_ranks"]) == {0}
+    assert result.step_time_s is not None and result.peak_mem_mb < 150

@@ -94,3 +94,32 @@ def test_channel_tags_that_are_not_ranks_put_lines_in_no_rank():
 
 def test_merging_nothing_is_nothing():
     assert merged_steps([]) == []
+
+
+def test_a_line_separator_inside_a_line_moves_no_line_off_its_rank():
+    """Stored receipts split at "\\n" only, as the runner read them: a U+2028 inside rank 0's JSON
+    string (where JSON allows it raw) must not shift rank 1's lines onto other tags."""
+    from infrarsi.verifiers import receipt_lines
+
+    honest = two_ranks()
+    lines = list(honest.receipt_lines)
+    first = next(i for i, line in enumerate(lines) if '"step": 1' in line)
+    lines[first] = lines[first][:-1] + ', "note": "a\u2028b"}'
+    stored = ("\n".join(lines) + "\n").encode()
+    evidence = {
+        "arrivals_ns": honest.arrivals_ns,
+        "started_ns": honest.started_ns,
+        "ranks": 2,
+        "line_ranks": list(honest.line_ranks),
+    }
+    run = RunEvidence.from_stored(receipt_lines(stored), evidence)
+    assert [len(run.of_rank(r).steps) for r in (0, 1)] == [TOTAL, TOTAL]
+
+
+def test_a_check_some_ranks_skip_is_skipped_and_names_them():
+    from infrarsi.verifiers import CheckResult, combine_ranks
+
+    passed = CheckResult("numerics.precision", "pass", "observed fp32")
+    skipped = CheckResult("numerics.precision", "skipped", "nothing observed")
+    (combined,) = combine_ranks([[passed], [skipped]])
+    assert combined.status == "skipped" and combined.detail == "rank 1: nothing observed"
