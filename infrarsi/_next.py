@@ -104,10 +104,12 @@ def _speedup(check: CheckResult, contract: Contract, knobs: dict, patches: list[
             f"the candidate is not faster by a margin this machine can show"
         )
     need = max(need, len(base) + 1)
+    # With the sequential A/B on, its last look is the setting that buys more pairs when needed.
+    key, now = ("ab_max_pairs", search.ab_max_pairs) if search.ab_max_pairs else ("ab_pairs", search.ab_pairs)
     return (
         f"{need} pairs would resolve the measured {median:.3f}x at the measured noise (4 times in 5): "
-        f"`{verify_command(contract, knobs, patches, need)}`, or set [search] ab_pairs = {need} "
-        f"(now {search.ab_pairs}; then `infrarsi init --update`, which keeps the baseline)"
+        f"`{verify_command(contract, knobs, patches, need)}`, or set [search] {key} = {need} "
+        f"(now {now}; then `infrarsi init --update`, which keeps the baseline)"
     )
 
 

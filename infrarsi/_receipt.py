@@ -13,6 +13,12 @@ __all__ = ["write_receipt", "verify_receipt", "check_receipt", "ledger_receipts"
 RECEIPT_VERSION = 1
 
 
+def _looks(checks) -> dict:
+    """The sequential A/B's plan and looks, from the ``stats.speedup`` check's evidence."""
+    evidence = next((c.evidence for c in checks if c.id == "stats.speedup"), None) or {}
+    return {key: evidence[key] for key in ("sequential", "looks") if key in evidence}
+
+
 def write_receipt(
     ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint, baseline_summary
 ) -> Path:
@@ -44,7 +50,14 @@ def write_receipt(
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
         "required_checks": list(required_checks(ws.contract.numerics.require)),
         # clock "runner": the step times are the mean periods between step ends on InfraRSI's own clock.
-        "ab": {"order": "BAAB", "clock": "runner", "baseline_s": base_times, "candidate_s": cand_times},
+        # Every pair run, and the sequential A/B's looks over them (which one decided).
+        "ab": {
+            "order": "BAAB",
+            "clock": "runner",
+            "baseline_s": base_times,
+            "candidate_s": cand_times,
+            **_looks(checks),
+        },
         "speedup": estimate.to_json(),
         "baseline": {
             "step_time_s": baseline_summary.get("step_time_s"),

@@ -1,8 +1,10 @@
 """`infrarsi verify`: the full check of one candidate, cheapest evidence first.
 
 Order: scope, the manifest and the source audit (no run), then one candidate run judged for
-integrity, timing and numerics against the stored baseline, then ``ab_pairs``
-back-to-back baseline/candidate pairs for ``stats.speedup``. The first family that
+integrity, timing and numerics against the stored baseline, then back-to-back
+baseline/candidate pairs for ``stats.speedup``: ``ab_pairs`` of them, then one more at a time
+while the speedup's interval straddles ``min_speedup``, up to ``ab_max_pairs`` (the sequential
+A/B of ``verifiers/_sequential.py``). The first family that
 fails stops the rest (their checks are reported ``skipped``). Every execution is
 recorded with the verdicts it earned; an accepted candidate gets a signed receipt.
 """
@@ -28,12 +30,14 @@ from infrarsi.verifiers import (
     CheckResult,
     Rules,
     RunEvidence,
+    SequentialPlan,
     ab_order,
     check_manifest,
     check_scope,
     check_speedup,
     judge_run,
     receipt_lines,
+    run_looks,
 )
 
 __all__ = ["VerifyOutcome", "Verification", "verify", "stored_step_time"]
@@ -95,8 +99,13 @@ def verify(
     pairs: int | None = None,
     progress: Callable[[int, int, ExecutionResult | None], None] | None = None,
     keep_going: bool = False,
+    max_pairs: int | None = None,
 ) -> VerifyOutcome:
     """Check one candidate (knob settings + patches) fully; accepted only when every check passes.
+
+    ``pairs`` A/B pairs come before the first look (default: the contract's ``ab_pairs``); more
+    follow one at a time while undecided, up to ``max_pairs`` (default: the contract's
+    ``ab_max_pairs``, and where it has none, ``pairs``: one look), never fewer than ``pairs``.
 
     ``keep_going`` runs the candidate even when a check before the run failed, so every
     layer's verdict is seen (diagnosis, and the corpus tests); it never accepts more.
@@ -111,7 +120,10 @@ def verify(
         pairs = ws.contract.search.ab_pairs if pairs is None else pairs
         if pairs < 0:
             raise UsageError(f"--pairs {pairs}: expected 0 (correctness checks only) or more")
-        return Verification(ws, candidate, stored, pairs, progress, keep_going).run()
+        if max_pairs is not None and max_pairs < 2:
+            raise UsageError(f"--max-pairs {max_pairs}: expected 2 or more")
+        most = max(pairs, (ws.contract.search.ab_max_pairs or pairs) if max_pairs is None else max_pairs)
+        return Verification(ws, candidate, stored, pairs, progress, keep_going, max_pairs=most).run()
 
 
 class Verification:
@@ -129,8 +141,10 @@ class Verification:
         keep_going: bool = False,
         batch: str | None = None,
         kind: str = "verify",
+        max_pairs: int | None = None,
     ) -> None:
         self.ws, self.candidate, self.pairs = ws, candidate, pairs
+        self.max_pairs = 0 if pairs == 0 else max(pairs, max_pairs or pairs)
         self.summary, self.baseline_id = baseline["summary"], baseline["id"]
         self.keep_going = keep_going
         self.progress = progress
@@ -139,7 +153,7 @@ class Verification:
         self.executions: list[int] = []
         self.candidate_result: ExecutionResult | None = None  # the candidate's own run, once it ran
         self.seq = 0
-        self.total = 1 + 2 * pairs
+        self.total = 1 + 2 * self.max_pairs
         self.done = 0
 
     def _tick(self, result: ExecutionResult | None) -> None:
@@ -152,7 +166,10 @@ class Verification:
         # (SIGKILL, a lost machine) then shows as fewer rows than planned, not as a finished
         # verify. A row stopped before running has no evidence, and ends its batch by verdict.
         if result.evidence:
-            result.evidence = {**result.evidence, "plan": {"runs": self.total, "ab_pairs": self.pairs}}
+            result.evidence = {
+                **result.evidence,
+                "plan": {"runs": self.total, "ab_pairs": self.pairs, "ab_max_pairs": self.max_pairs},
+            }
         execution = self.ws.record(
             result,
             kind=kind,
@@ -228,6 +245,7 @@ class Verification:
             self.pairs,
             stored=stored_step_time(self.summary),
             drift_floor=float(contract.search.drift_tolerance),
+            max_pairs=self.max_pairs,
         )
         checks.append(stat)
         speedup = estimate.to_json() if estimate else None
@@ -259,11 +277,25 @@ class Verification:
         return check_sources(sources, contract.numerics.precision, contract.protected_globs)
 
     def _ab(self, rules: Rules, reference: BaselineReference, checks: list[CheckResult]):
-        """Interleaved pairs (B A A B ...): drift over the batch cancels within each pair."""
+        """Interleaved pairs (B A A B ...): drift over the batch cancels within each pair. After
+        ``pairs`` pairs, a look after each pair; the first look that decides ends the A/B."""
         ws = self.ws
+        search = ws.contract.search
+        plan = SequentialPlan(max(self.pairs, 2), max(self.pairs, self.max_pairs, 2))
         baseline = Candidate(knobs=ws.contract.baseline_knobs())
         times = {"B": [], "A": []}
-        for index, role in enumerate(ab_order(self.pairs)):
+        for index, role in enumerate(ab_order(self.max_pairs)):
+            if index % 2 == 0 and len(times["B"]) >= plan.min_pairs:
+                decided = run_looks(
+                    times["B"],
+                    times["A"],
+                    float(search.min_speedup),
+                    plan,
+                    stored_step_time(self.summary),
+                    float(search.drift_tolerance),
+                )
+                if decided.status != "undecided":
+                    break
             who, name = (baseline, "baseline") if role == "B" else (self.candidate, "candidate")
             result, judged = self._run_judged(
                 who, f"ab-{name}", f"A/B pair {index // 2 + 1}: the {name}", rules, reference

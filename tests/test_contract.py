@@ -81,6 +81,7 @@ def test_good_contract_parses_into_typed_objects(workspace):
     assert c.patches[0].name == "fast" and c.patches[0].path.is_file()
     assert c.numerics.require == ("loss", "grad_norm", "precision")  # the default: all required
     assert c.search.ab_pairs == 5 and c.search.min_speedup == 1.02
+    assert c.search.ab_max_pairs is None and c.ab_max_pairs == 5  # unset: one look at ab_pairs
     assert "infrarsi.toml" in c.protected_globs
     assert c.state_dir == workspace / ".infrarsi"
     assert c.baseline_knobs() == {"attention": "manual", "micro_batch": "8", "compile": "0"}
@@ -121,6 +122,12 @@ ERRORS = [
     ('command = ["python", "train.py"]', 'command = "python train.py"', "task.command", "list of strings"),
     ("timeout_s = 60", 'timeout_s = 60\nevidence = "log"', "[evidence.log]", "needs an [evidence.log]"),
     ("timeout_s = 60", 'timeout_s = 60\nevidence = "magic"', "task.evidence", "one of probe"),
+    (
+        'baseline = "0"\n',
+        'baseline = "0"\n[search]\nab_pairs = 6\nab_max_pairs = 5\n',
+        "search.ab_max_pairs",
+        "at least ab_pairs (6)",
+    ),
     ("timeout_s = 60", "timeout_s = 60\nnproc_per_node = 2", "task.nproc_per_node", "needs a launcher"),
     ("timeout_s = 60", 'timeout_s = 60\nlauncher = "mpirun"', "task.launcher", "one of none, torchrun"),
     ("timeout_s = 60", 'timeout_s = 60\nlauncher = "torchrun"\nnnodes = 2', "task.nnodes", "one node"),

@@ -15,11 +15,11 @@ from ._numerics import check_trajectory, compare_param_grads
 from ._precision import check_precision, observed_precisions
 from ._result import FAMILIES, STATUSES, CheckResult
 from ._scope import check_scope
+from ._sequential import SequentialPlan, check_speedup, run_looks
 from ._stats import (
     SpeedupEstimate,
     ab_order,
     baseline_drift,
-    check_speedup,
     estimate_speedup,
     min_detectable_speedup,
     pairs_to_resolve,
@@ -61,6 +61,8 @@ __all__ = [
     "ab_order",
     "baseline_drift",
     "check_speedup",
+    "SequentialPlan",
+    "run_looks",
     "estimate_speedup",
     "min_detectable_speedup",
     "pairs_to_resolve",

@@ -61,13 +61,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._result import CheckResult
-
 __all__ = [
     "METHOD",
     "SpeedupEstimate",
     "ab_order",
-    "check_speedup",
     "baseline_drift",
     "DRIFT_FLOOR",
     "DRIFT_CV_MULTIPLE",
@@ -140,9 +137,17 @@ class SpeedupEstimate:
     ci_high: float
     pairs: int
     ratios: list[float] = field(default_factory=list)
+    confidence: float = 0.95  # each bound's one-sided coverage
 
     def to_json(self) -> dict:
-        return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
+        """The DESIGN.md ``speedup`` shape, with the pairs it rests on and its bounds' confidence."""
+        return {
+            "median": self.median,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "pairs": self.pairs,
+            "confidence": self.confidence,
+        }
 
 
 def _bad_times(name: str, xs: list[float]) -> str | None:
@@ -194,7 +199,14 @@ def estimate_speedup(
     median = float(np.median(ratios))
     ci_low = min(math.exp(mean - half), median)
     ci_high = max(math.exp(mean + half), median)
-    return SpeedupEstimate(median=median, ci_low=ci_low, ci_high=ci_high, pairs=n, ratios=[float(r) for r in ratios])
+    return SpeedupEstimate(
+        median=median,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        pairs=n,
+        ratios=[float(r) for r in ratios],
+        confidence=confidence,
+    )
 
 
 def min_detectable_speedup(cv: float, pairs: int, min_speedup: float, confidence: float = 0.95) -> float:
@@ -265,49 +277,3 @@ def baseline_drift(
         f"a drift of {arm / stored_median_s - 1:+.0%}, beyond the {allowed:.0%} its noise allows; "
         "something changed the machine between runs (re-run `infrarsi baseline` on a quiet machine)"
     )
-
-
-def check_speedup(
-    baseline_s: list[float],
-    candidate_s: list[float],
-    min_speedup: float,
-    pairs_required: int,
-    confidence: float = 0.95,
-    stored: tuple[float, float | None] | None = None,
-    drift_floor: float = DRIFT_FLOOR,
-) -> tuple[CheckResult, SpeedupEstimate | None]:
-    """``stats.speedup``: passes only when the lower bound of the speedup is above ``min_speedup``.
-
-    The result is ``unchecked`` (which fails) when the lists differ in length, there are
-    fewer than ``max(pairs_required, 2)`` pairs, or any time is non-finite or <= 0, and when
-    ``stored`` (the stored baseline's median step time and CV, on the same clock) is given
-    and the baseline arm drifted from it beyond what that noise (at least ``drift_floor``) allows.
-    """
-    cid = "stats.speedup"
-    baseline_s, candidate_s = list(baseline_s), list(candidate_s)
-    base_ev = {"baseline_s": baseline_s, "candidate_s": candidate_s, "method": METHOD}
-    need = max(int(pairs_required), 2)
-    missing = None
-    if len(baseline_s) != len(candidate_s):
-        missing = (
-            f"{len(baseline_s)} baseline times but {len(candidate_s)} candidate times; runs must come in complete pairs"
-        )
-    elif len(baseline_s) < need:
-        missing = f"{len(baseline_s)} complete A/B pairs, {need} required"
-    else:
-        missing = _bad_times("baseline_s", baseline_s) or _bad_times("candidate_s", candidate_s)
-    if missing:
-        return CheckResult(cid, "unchecked", missing, base_ev), None
-
-    est = estimate_speedup(baseline_s, candidate_s, confidence=confidence)
-    evidence = {**base_ev, "ratios": est.ratios, "median": est.median, "ci_low": est.ci_low, "ci_high": est.ci_high}
-    summary = (
-        f"speedup {est.median:.3f}x [{est.ci_low:.3f}, {est.ci_high:.3f}]"
-        f" ({confidence:.0%} one-sided bounds over {est.pairs} pairs)"
-    )
-    drifted = baseline_drift(baseline_s, *stored, floor=drift_floor) if stored else None
-    if drifted:
-        return CheckResult(cid, "unchecked", f"{summary}, not trusted: {drifted}", evidence), est
-    if est.ci_low > min_speedup:
-        return CheckResult(cid, "pass", f"{summary}; the lower bound clears {min_speedup:g}", evidence), est
-    return CheckResult(cid, "fail", f"{summary}; the lower bound must clear {min_speedup:g}", evidence), est

@@ -138,6 +138,7 @@ class _Batches:
     def _start(self, batch: str | None) -> None:
         self.batch, self.anchor, self.contract, self.anchor_row = batch, None, None, None
         self.planned: int | None = None
+        self.plan: dict = {}
         self.rows, self.decided = 0, False
         self.times: dict[str, list[float]] = {"ab-baseline": [], "ab-candidate": []}
         self.untimed = 0
@@ -149,7 +150,9 @@ class _Batches:
             self._start(row.get("batch"))
         if row.get("kind") == "verify":
             self.anchor, self.contract, self.anchor_row = row["id"], contract, row
-            self.planned = _planned_runs(self.ev, row)
+            self.plan = _plan(self.ev, row)
+            runs = self.plan.get("runs")
+            self.planned = runs if isinstance(runs, int) and runs > 0 else None
         elif row.get("kind") in self.times and row["status"] == "ok" and isinstance(contract, Contract):
             # Today's step time: the mean period on the runner's clock, from the stored stamps
             # (a row recorded when the probe's regions were the step time is timed anew).
@@ -170,12 +173,17 @@ class _Batches:
         return done
 
     def flush(self) -> list[tuple[int, CheckResult]]:
-        if self.planned and self.rows < self.planned and not self.decided:
-            # Cut short with every run so far passing: a verify that never decided, which
-            # claims nothing (no receipt is written before the last pair).
+        judged = self._judge()
+        decided = bool(judged) and judged[0][1].evidence.get("decision") in ("pass", "fail", "drift")
+        if self.planned and self.rows < self.planned and not (self.decided or decided):
+            # Cut short with every run so far passing and the A/B's looks undecided: a verify
+            # that never decided, which claims nothing (no receipt before the deciding look).
             self.incomplete.append(
                 {"batch": self.batch, "execution": self.anchor, "runs": self.rows, "planned": self.planned}
             )
+        return judged
+
+    def _judge(self) -> list[tuple[int, CheckResult]]:
         base, cand = self.times["ab-baseline"], self.times["ab-candidate"]
         if self.anchor is None or not base or not isinstance(self.contract, Contract):
             return []
@@ -193,26 +201,30 @@ class _Batches:
             ]
         stored = stored_step_time(self.ev.summary(self.ev.baseline_for(self.anchor_row)) or {})
         search = self.contract.search
+        # The looks the verify planned (a batch recorded before the sequential A/B: one look at every pair).
+        first, most = self.plan.get("ab_pairs"), self.plan.get("ab_max_pairs")
+        sequential = isinstance(first, int) and isinstance(most, int) and 2 <= first <= most
         check, _ = check_speedup(
             base[:pairs],
             cand[:pairs],
             float(search.min_speedup),
-            pairs,
+            first if sequential else pairs,
             stored=stored,
             drift_floor=float(search.drift_tolerance),
+            max_pairs=most if sequential else None,
         )
         return [(self.anchor, check)]
 
 
-def _planned_runs(ev: Evidence, row: dict) -> int | None:
-    """The runs a verify batch planned (1 + 2 x A/B pairs), from its candidate row's evidence."""
+def _plan(ev: Evidence, row: dict) -> dict:
+    """A verify batch's plan (``runs`` = 1 + 2 x the most A/B pairs, ``ab_pairs`` before the first
+    look, ``ab_max_pairs``), from its candidate row's evidence; {} where it has none."""
     stored = ev.blob(row.get("evidence_hash"))
     try:
         plan = json.loads(stored).get("plan") if stored else None
     except (ValueError, AttributeError):
-        return None
-    runs = plan.get("runs") if isinstance(plan, dict) else None
-    return runs if isinstance(runs, int) and runs > 0 else None
+        return {}
+    return plan if isinstance(plan, dict) else {}
 
 
 def audit_ledger(

@@ -160,6 +160,8 @@ def _promotions(doc: Document, data: ReportData) -> None:
 
 
 def _promotion(doc: Document, p: Promotion) -> None:
+    from infrarsi._report._plots import ab_looks_svg
+
     sp = p.speedup
     doc.heading(f"Receipt {p.receipt_id}: {sp['median']:.3f}x", 3)
     doc.para("Changes from the baseline: " + (", ".join(f"`{c}`" for c in p.changes) or "none"))
@@ -168,10 +170,21 @@ def _promotion(doc: Document, p: Promotion) -> None:
         ["measure", "baseline", "candidate"],
         [
             ["step time (A/B, same machine, back to back)", _ms(p.step_before_s), _ms(p.step_after_s)],
-            ["speedup (median, 95% CI)", "1.000x", f"{sp['median']:.3f}x [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]"],
+            [
+                f"speedup (median, one-sided {sp.get('confidence', 0.95) * 100:.3g}% bounds)",
+                "1.000x",
+                f"{sp['median']:.3f}x [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]",
+            ],
             ["MFU", _pct(p.mfu_before), _pct(p.mfu_after)],
             ["A/B runs", f"{len(p.ab.get('baseline_s') or [])} ({p.ab.get('order', '?')} order)", str(pairs)],
         ],
+    )
+    looks = p.ab.get("looks") or []
+    doc.plot(
+        f"ab-{p.receipt_id}.svg",
+        "The A/B pairs as they accumulated: each pair's ratio (grey), and the median and bounds at each "
+        + (f"look ({len(looks)}, the last decided: {looks[-1]['decision']})." if looks else "look (one, at the end)."),
+        ab_looks_svg(p.ab),
     )
     doc.para("Checks (a candidate is accepted only when every required one passes):")
     doc.table(["check", "status", "detail"], [[c.get("id"), c.get("status"), c.get("detail")] for c in p.checks])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 
-__all__ = ["best_so_far_svg", "memory_speed_svg"]
+__all__ = ["best_so_far_svg", "memory_speed_svg", "ab_looks_svg"]
 
 _STATUS_STYLE = {  # colour, marker: chosen to read in greyscale too
     "ok": ("#1b7837", "o"),
@@ -148,6 +148,49 @@ def memory_speed_svg(data) -> str:
     ax.set_xlabel("step time (ms, one run)")
     ax.set_ylabel("peak memory (MB)")
     ax.set_title("Memory against speed")
+    _legend(ax)
+    ax.grid(alpha=0.3)
+    return _svg(plt, fig)
+
+
+def ab_looks_svg(ab: dict) -> str:
+    """A receipt's A/B: each pair's ratio, and the speedup's bounds at each look as pairs accumulated."""
+    plt, fig, ax = _figure()
+    base, cand = ab.get("baseline_s") or [], ab.get("candidate_s") or []
+    ratios = [b / c for b, c in zip(base, cand) if b and c]
+    ax.scatter(
+        range(1, len(ratios) + 1), ratios, s=18, color="#999999", label="one pair (baseline / candidate)", zorder=2
+    )
+    looks = ab.get("looks") or []
+    if looks:
+        xs = [look["pairs"] for look in looks]
+        ax.fill_between(
+            xs,
+            [look["ci_low"] for look in looks],
+            [look["ci_high"] for look in looks],
+            color="#2166ac",
+            alpha=0.2,
+            step="mid",
+            label="bounds at each look",
+        )
+        ax.plot(xs, [look["median"] for look in looks], marker="o", color="#2166ac", label="median at each look")
+        last = looks[-1]
+        ax.annotate(
+            last["decision"],
+            xy=(last["pairs"], last["ci_low"]),
+            xytext=(4, -12),
+            textcoords="offset points",
+            color="#2166ac",
+            fontsize=8,
+        )
+    bar = (ab.get("sequential") or {}).get("min_speedup")
+    if bar:
+        ax.axhline(bar, color="#b2182b", linewidth=1, linestyle="--", label=f"min_speedup {bar:g}")
+    ax.axhline(1.0, color="#444444", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("A/B pairs run (back to back)")
+    ax.set_ylabel("speedup (x)")
+    ax.set_title("The A/B as its pairs accumulated")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     _legend(ax)
     ax.grid(alpha=0.3)
     return _svg(plt, fig)

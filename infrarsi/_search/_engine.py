@@ -44,7 +44,9 @@ def _run(
     budget = meta["budget"]
     exploration = budget
     if promote:
-        exploration, _ = exploration_budget(budget, contract.search.promote_top, contract.search.ab_pairs)
+        exploration, _ = exploration_budget(
+            budget, contract.search.promote_top, contract.search.ab_pairs, contract.ab_max_pairs
+        )
     Proposals(session, proposers, pack).gather()
     Resumption(session).replay()
     session.tick("explore")
@@ -197,6 +199,8 @@ def search(
                 "baseline_id": stored["id"],
             }
         if promote:
-            exploration_budget(meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs)
+            exploration_budget(
+                meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs, ws.contract.ab_max_pairs
+            )
         ws.ledger.set_meta(META_KEY, json.dumps(meta, sort_keys=True))
         return _run(SearchSession(ws, stored, meta, progress), resume, proposers, pack_data, promote)

@@ -72,13 +72,16 @@ class Promotion:
                     "promote", f"verify {' '.join(point.describe()['patches']) or 'knobs'}: {done_runs}/{total}"
                 )
 
-            outcome = session.verify(session.candidate(point), batch, contract.search.ab_pairs, tick)
+            # The sequential A/B may go on past ab_pairs while undecided, within the budget left.
+            most = max(contract.search.ab_pairs, min(contract.ab_max_pairs, (budget - session.launched() - 1) // 2))
+            outcome = session.verify(session.candidate(point), batch, contract.search.ab_pairs, tick, max_pairs=most)
             entry.update(
                 finished=True,
                 accepted=outcome.accepted,
                 speedup=outcome.speedup,
                 receipt=str(outcome.receipt) if outcome.receipt else None,
                 failed=[c.id for c in outcome.checks if c.status in ("fail", "unchecked")],
+                why={c.id: c.detail for c in outcome.checks if c.status in ("fail", "unchecked")},
             )
             session.save()
             session.attempts.append(entry)

@@ -107,8 +107,18 @@ class SearchSession:
 
     # -- running ----------------------------------------------------------------------------
 
-    def verify(self, candidate: Candidate, batch: str, pairs: int, progress=None, kind: str = "verify", seq: int = 0):
-        """Run one `Verification` against the stored baseline in ``batch``, journalled; its `VerifyOutcome`."""
+    def verify(
+        self,
+        candidate: Candidate,
+        batch: str,
+        pairs: int,
+        progress=None,
+        kind: str = "verify",
+        seq: int = 0,
+        max_pairs: int | None = None,
+    ):
+        """Run one `Verification` against the stored baseline in ``batch``, journalled; its `VerifyOutcome`.
+        Its A/B looks after ``pairs`` pairs and may go on to ``max_pairs``."""
         from infrarsi._verify import Verification
 
         self.executor.batch = batch
@@ -122,6 +132,7 @@ class SearchSession:
                 progress,
                 batch=batch,
                 kind=kind,
+                max_pairs=max_pairs,
             )
             check.seq = seq
             return check.run()

@@ -81,7 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
     p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
-    p.add_argument("--pairs", type=int, default=None, help="A/B pairs (default: the contract's ab_pairs)")
+    p.add_argument(
+        "--pairs", type=int, default=None, help="A/B pairs before the first look (default: the contract's ab_pairs)"
+    )
+    p.add_argument(
+        "--max-pairs",
+        type=int,
+        default=None,
+        help="the most A/B pairs while undecided, one look after each (default: the contract's ab_max_pairs)",
+    )
     p.add_argument(
         "--keep-going",
         action="store_true",

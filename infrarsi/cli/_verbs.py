@@ -121,6 +121,7 @@ def _cmd_verify(args) -> int:
             pairs=args.pairs,
             progress=bar.update if bar else None,
             keep_going=args.keep_going,
+            max_pairs=args.max_pairs,
         )
     width = max(len(c.id) for c in outcome.checks)
     lines = [

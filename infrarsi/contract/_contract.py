@@ -93,6 +93,11 @@ class Contract:
         return self.timing.warmup_steps + self.timing.measure_steps
 
     @property
+    def ab_max_pairs(self) -> int:
+        """The most A/B pairs a verify may take: ``[search] ab_max_pairs``, else ``ab_pairs`` (one look)."""
+        return self.search.ab_max_pairs or self.search.ab_pairs
+
+    @property
     def ranks(self) -> int:
         """How many processes report receipts: 1, or every rank a launcher starts."""
         return ranks(self.task)
@@ -237,6 +242,7 @@ class _Parser:
         sections = {name: Section(self.section(name, data.get(name, {}), fields)) for name, fields in SECTIONS.items()}
         self.check_task(sections["task"])
         self.check_scope(sections["scope"])
+        self.check_search(sections["search"])
         knobs = self.knobs(data.get("knobs", {}))
         patches = self.patches(data.get("patches", []))
         log_patterns = self.evidence(data.get("evidence"), sections["task"].evidence)
@@ -258,6 +264,14 @@ class _Parser:
         ):
             self.fail("task", "command", 'evidence = "auto" needs a command of the form ["python", "SCRIPT", ...]')
         check_launcher(task, self.fail)
+
+    def check_search(self, search: Section) -> None:
+        if search.ab_max_pairs is not None and search.ab_max_pairs < search.ab_pairs:
+            self.fail(
+                "search",
+                "ab_max_pairs",
+                f"expected at least ab_pairs ({search.ab_pairs}), the A/B's first look, got {search.ab_max_pairs}",
+            )
 
     def check_scope(self, scope: Section) -> None:
         for key in ("editable", "protected"):

@@ -148,7 +148,21 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
         Field("budget_executions", "int", 40, "executions a search may launch, promotion reruns included", minimum=1),
         Field("starts", "int", 4, "diverse starting points of the multi-start search", minimum=1),
         Field("promote_top", "int", 3, "candidates re-run A/B before promotion", minimum=1),
-        Field("ab_pairs", "int", 5, "back-to-back baseline/candidate pairs before promotion", minimum=2),
+        Field(
+            "ab_pairs",
+            "int",
+            5,
+            "back-to-back baseline/candidate pairs before the A/B's first look (promotion and `verify`)",
+            minimum=2,
+        ),
+        Field(
+            "ab_max_pairs",
+            "int",
+            None,
+            "the sequential A/B: while the speedup's interval still straddles min_speedup, one more pair and "
+            "another look, up to this many pairs (the error split over the looks); unset, ab_pairs (one look)",
+            minimum=2,
+        ),
         Field("min_speedup", "float", 1.02, "the lower bound of the speedup CI must clear this", minimum=1.0),
         Field(
             "drift_tolerance",

@@ -110,7 +110,8 @@ def test_the_html_page_is_self_contained(searched, tmp_path):
     done, out = _cli("report", "--out", str(tmp_path / "rep"), "--json", cwd=searched)
     assert done.returncode == 0, done.stderr
     page = Path(out["html"]).read_text()
-    assert page.count("<svg") == 2 and "<script" not in page.lower()
+    # Two plots of the search, and one of each receipt's A/B as its pairs accumulated.
+    assert page.count("<svg") == 2 + len(_receipts(searched)) and "<script" not in page.lower()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//|file:)""", page), "the page must fetch nothing"
     assert "Content-Security-Policy" in page
 

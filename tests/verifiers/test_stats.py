@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from infrarsi.verifiers import check_speedup
 from infrarsi.verifiers._stats import (
     SpeedupEstimate,
     ab_order,
-    check_speedup,
     estimate_speedup,
     min_detectable_speedup,
     t_quantile,
@@ -83,7 +83,8 @@ def test_estimate_is_deterministic_and_ratios_paired_by_index():
     assert e1.pairs == 5
     assert e1.ratios == pytest.approx([x / y for x, y in zip(b, a)])
     assert e1.median == pytest.approx(float(np.median([x / y for x, y in zip(b, a)])))
-    assert set(e1.to_json()) == {"median", "ci_low", "ci_high"}
+    assert set(e1.to_json()) == {"median", "ci_low", "ci_high", "pairs", "confidence"}
+    assert e1.to_json()["pairs"] == 5 and e1.to_json()["confidence"] == 0.95
 
 
 _pos = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)

@@ -35,14 +35,18 @@ PRIOR_WEIGHT = 0.3  # one pack run counts for this fraction of one of our own
 
 
 def promotion_cost(ab_pairs: int) -> int:
-    """Executions one `verify` takes at most: the candidate run, then the A/B pairs."""
+    """Executions one `verify` of ``ab_pairs`` A/B pairs takes: the candidate run, then the pairs."""
     return 1 + 2 * ab_pairs
 
 
-def exploration_budget(budget: int, promote_top: int, ab_pairs: int) -> tuple[int, int]:
+def exploration_budget(
+    budget: int, promote_top: int, ab_pairs: int, ab_max_pairs: int | None = None
+) -> tuple[int, int]:
     """(exploration executions, promotions planned) for a total budget.
 
-    Promotions are reserved first, but never more than half the budget, and at least one.
+    Promotions are reserved first, but never more than half the budget, and at least one. The
+    first may take its sequential A/B's extra pairs (to ``ab_max_pairs``), as far as half the
+    budget allows; each later one is reserved at its first look (``ab_pairs``).
     """
     cost = promotion_cost(ab_pairs)
     if budget < cost + 1:
@@ -50,8 +54,9 @@ def exploration_budget(budget: int, promote_top: int, ab_pairs: int) -> tuple[in
             f"--budget {budget}: too small; one promotion (`verify` with {ab_pairs} A/B pairs) "
             f"takes {cost} executions, plus at least one exploration run"
         )
-    planned = min(promote_top, max(1, (budget // 2) // cost))
-    return budget - planned * cost, planned
+    first = min(promotion_cost(max(ab_pairs, ab_max_pairs or ab_pairs)), max(cost, budget // 2))
+    planned = min(promote_top, 1 + max(0, (budget // 2 - first) // cost))
+    return budget - first - (planned - 1) * cost, planned
 
 
 @dataclass
