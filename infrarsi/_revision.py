@@ -36,6 +36,12 @@ _MEASURING = (
     ("timing", "warmup_steps"),
     ("timing", "measure_steps"),
     ("resources", "device"),
+    # Where it ran: another executor, partition, GPU count or #SBATCH constraint is other hardware.
+    ("executor", "kind"),
+    ("executor", "partition"),
+    ("executor", "gpus_per_node"),
+    ("executor", "cpus_per_task"),
+    ("executor", "sbatch"),
 )
 
 
@@ -108,7 +114,7 @@ def classify(
         else:
             rev.baseline_required.append(f"protected file {rel} no longer protected, and changed or gone")
     measured = {f"{s}.{k}" for s, k in _MEASURING}
-    for section in ("task", "scope", "timing", "numerics", "resources", "search"):
+    for section in ("task", "scope", "timing", "numerics", "resources", "search", "executor"):
         before, after = getattr(old, section).values, getattr(new, section).values
         for key in sorted(set(before) | set(after)):
             if f"{section}.{key}" not in measured and key != "command" and before.get(key) != after.get(key):

@@ -12,7 +12,7 @@ from infrarsi._manifest import MANIFEST_NAME, Manifest, load_manifest
 from infrarsi.contract import Candidate, Contract, load_contract
 from infrarsi.errors import ExecutionInterrupted, ManifestError, UsageError
 from infrarsi.ledger import KeyPair, Ledger, canonical_json, sha256_hex
-from infrarsi.runner import ExecutionResult, Executor, LocalExecutor
+from infrarsi.runner import ExecutionResult, Executor, executor_for
 
 __all__ = ["Workspace", "open_workspace", "LEDGER_NAME", "KEYS_DIR", "RECEIPTS_DIR", "STATE_ENTRIES"]
 
@@ -137,4 +137,4 @@ def open_workspace(contract_path: str | Path = "infrarsi.toml", executor: Execut
     if key.public_hex != manifest.public_key:
         raise UsageError(f"{state / KEYS_DIR}: the signing key is not the one the manifest was signed with")
     ledger = Ledger.open(ledger_path, key=key)
-    return Workspace(contract, manifest, key, ledger, executor or LocalExecutor())
+    return Workspace(contract, manifest, key, ledger, executor or executor_for(contract))

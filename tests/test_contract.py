@@ -128,6 +128,8 @@ ERRORS = [
         "search.ab_max_pairs",
         "at least ab_pairs (6)",
     ),
+    ('baseline = "0"\n', 'baseline = "0"\n[executor]\nsbatch = ["qos high"]\n', "executor.sbatch", "--key=value"),
+    ('baseline = "0"\n', 'baseline = "0"\n[executor]\nkind = "k8s"\n', "executor.kind", "one of local, slurm"),
     ("timeout_s = 60", "timeout_s = 60\nnproc_per_node = 2", "task.nproc_per_node", "needs a launcher"),
     ("timeout_s = 60", 'timeout_s = 60\nlauncher = "mpirun"', "task.launcher", "one of none, torchrun"),
     ("timeout_s = 60", 'timeout_s = 60\nlauncher = "torchrun"\nnnodes = 2', "task.nnodes", "one node"),

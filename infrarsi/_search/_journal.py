@@ -18,10 +18,13 @@ class Journal:
         self.path = path
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._entry: dict = {}
+        self._lock = threading.Lock()
 
     def begin(self, entry: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         entry = {**entry, "started": time.time(), "alive": time.time()}
+        self._entry = entry
         self._write(entry)
         self._stop.clear()
 
@@ -33,10 +36,16 @@ class Journal:
         self._thread = threading.Thread(target=beat, daemon=True)
         self._thread.start()
 
+    def note(self, **fields) -> None:
+        """Add to the entry in flight (a Slurm job id, once Slurm gives it), on disk at once."""
+        self._entry.update(fields)
+        self._write(self._entry)
+
     def _write(self, entry: dict) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entry))
-        os.replace(tmp, self.path)
+        with self._lock:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(entry))
+            os.replace(tmp, self.path)
 
     def stop(self) -> None:
         """The execution returned: stop the heartbeat (the file stays until its row is recorded)."""
@@ -62,6 +71,8 @@ class JournalledExecutor:
     def __init__(self, inner, journal: Journal, ledger) -> None:
         self.inner, self.journal, self.ledger = inner, journal, ledger
         self.batch = ""
+        if hasattr(inner, "on_submit"):  # a cluster executor: its job ids go in the journal
+            inner.on_submit = lambda job_id: journal.note(slurm_job_id=str(job_id))
 
     def run(self, contract, pinned, candidate, sample_all=False):
         self.journal.begin(

@@ -27,7 +27,10 @@ class Resumption:
         entry = session.journal.read()
         if entry is not None:
             recorded = any(r["id"] > entry["rows_before"] and r.get("batch") == entry["batch"] for r in session.rows())
-            if not recorded:
+            slurm = getattr(getattr(session.ws.executor, "inner", session.ws.executor), "reattach", None)
+            if not recorded and entry.get("slurm_job_id") and slurm is not None:
+                self._reattach(entry)
+            elif not recorded:
                 device_s = max(0.0, entry["alive"] - entry["started"])
                 patches = tuple(session.patches[p] for p in entry["patches"] if p in session.patches)
                 cut = ExecutionResult(
@@ -65,6 +68,23 @@ class Resumption:
             if status != INTERRUPTED:
                 session.remember(obs, session.meta.get("origins", {}).get(str(row["id"]), "resumed"))
         session.state.rescued = list(session.meta.get("rescued", []))
+
+    def _reattach(self, entry: dict) -> None:
+        """A Slurm job the kill left in flight ran on without the driver: wait for it to end and
+        record what it did (its result, or what Slurm says ended it), never a second run of it."""
+        session = self.session
+        patches = tuple(session.patches[p] for p in entry["patches"] if p in session.patches)
+        candidate = Candidate(knobs=entry["knobs"], patches=patches)
+        executor = getattr(session.ws.executor, "inner", session.ws.executor)
+        result = executor.reattach(entry["slurm_job_id"], candidate, session.ws.contract)
+        if not result.sources:
+            result.sources = pre_images(session.ws.contract.workspace, patches)
+        session.ws.record(
+            result, kind=self._cut_kind(entry), batch=entry["batch"], seq=0, baseline_id=session.baseline_id
+        )
+        session.messages.append(
+            f"recorded slurm job {entry['slurm_job_id']}, in flight when the search was killed, as {result.status}"
+        )
 
     def _cut_kind(self, entry: dict) -> str:
         """What the cut execution was: an exploration run, or which run of a promotion."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infrarsi.contract._crosschecks import check_executor, check_search
 from infrarsi.contract._globs import check_glob, matches
 from infrarsi.contract._launch import KnobLaunch, parse_launch, shown_value as _show
 from infrarsi.contract._launcher import check_launcher, ranks
@@ -72,6 +73,7 @@ class Contract:
     numerics: Section
     resources: Section
     search: Section
+    executor: Section
     knobs: dict[str, Knob] = field(default_factory=dict)
     patches: tuple[PatchSpec, ...] = ()
     log_patterns: dict[str, str] | None = None
@@ -242,7 +244,8 @@ class _Parser:
         sections = {name: Section(self.section(name, data.get(name, {}), fields)) for name, fields in SECTIONS.items()}
         self.check_task(sections["task"])
         self.check_scope(sections["scope"])
-        self.check_search(sections["search"])
+        check_search(sections["search"], self.fail)
+        check_executor(sections["executor"], self.fail)
         knobs = self.knobs(data.get("knobs", {}))
         patches = self.patches(data.get("patches", []))
         log_patterns = self.evidence(data.get("evidence"), sections["task"].evidence)
@@ -264,14 +267,6 @@ class _Parser:
         ):
             self.fail("task", "command", 'evidence = "auto" needs a command of the form ["python", "SCRIPT", ...]')
         check_launcher(task, self.fail)
-
-    def check_search(self, search: Section) -> None:
-        if search.ab_max_pairs is not None and search.ab_max_pairs < search.ab_pairs:
-            self.fail(
-                "search",
-                "ab_max_pairs",
-                f"expected at least ab_pairs ({search.ab_pairs}), the A/B's first look, got {search.ab_max_pairs}",
-            )
 
     def check_scope(self, scope: Section) -> None:
         for key in ("editable", "protected"):

@@ -20,6 +20,7 @@ __all__ = [
     "REQUIRABLE",
     "EVIDENCE_KINDS",
     "LAUNCHERS",
+    "EXECUTORS",
     "DEVICES",
     "PROPOSERS",
 ]
@@ -49,6 +50,8 @@ class Field:
     def required(self) -> bool:
         return self.default is REQUIRED
 
+
+EXECUTORS = ("local", "slurm")
 
 SECTIONS: dict[str, tuple[Field, ...]] = {
     "task": (
@@ -196,6 +199,28 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
         ),
         Field("llm_max_proposals", "int", 3, "patches asked of the LLM per search", minimum=0),
         Field("llm_cost_per_1k_tokens", "float", 0.0, "price of 1,000 tokens, for the cost totals", minimum=0.0),
+    ),
+    "executor": (
+        Field(
+            "kind",
+            "str",
+            "local",
+            "where executions run: `local` (this machine, one at a time) or `slurm` (each execution one Slurm "
+            "job through submitit, running InfraRSI's runner on the node; the workspace must be on a file "
+            "system the node sees at the same path)",
+            one_of=EXECUTORS,
+        ),
+        Field("partition", "str", None, "`slurm`: the partition (`#SBATCH --partition`); unset, the cluster's default"),
+        Field("account", "str", None, "`slurm`: the account charged (`#SBATCH --account`)"),
+        Field("time_limit_min", "int", 60, "`slurm`: each job's time limit in minutes (`#SBATCH --time`)", minimum=1),
+        Field("gpus_per_node", "int", 0, "`slurm`: GPUs per node (`#SBATCH --gpus-per-node`)", minimum=0),
+        Field("cpus_per_task", "int", None, "`slurm`: CPUs for the job (`#SBATCH --cpus-per-task`)", minimum=1),
+        Field(
+            "sbatch",
+            "str_list",
+            (),
+            '`slurm`: more `#SBATCH` options, each "--key=value" (for example "--qos=high", "--constraint=h100")',
+        ),
     ),
 }
 

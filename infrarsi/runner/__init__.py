@@ -12,6 +12,8 @@ from __future__ import annotations
 __all__ = [
     "Executor",
     "LocalExecutor",
+    "SlurmExecutor",
+    "executor_for",
     "ExecutionResult",
     "ExecutionInterrupted",
     "build_argv",
@@ -26,6 +28,8 @@ __all__ = [
 _LAZY = {
     "Executor": "infrarsi.runner._executor",
     "LocalExecutor": "infrarsi.runner._executor",
+    "SlurmExecutor": "infrarsi.runner._slurm",
+    "executor_for": "infrarsi.runner._select",
     "ExecutionResult": "infrarsi.runner._executor",
     "build_argv": "infrarsi.runner._executor",
     "OPTIONS_WITH_VALUE": "infrarsi.runner._executor",

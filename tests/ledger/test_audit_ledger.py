@@ -92,6 +92,8 @@ def test_a_verify_killed_before_its_pairs_end_shows_as_incomplete(verified, tmp_
             "batched-heads",
             "--pairs",
             "1",
+            "--max-pairs",
+            "2",
             "--json",
         ],
         stdout=subprocess.DEVNULL,
@@ -112,9 +114,9 @@ def test_a_verify_killed_before_its_pairs_end_shows_as_incomplete(verified, tmp_
     rc, out, err = _cli(str(db), "--json")
     assert rc == 0 and out["chain_ok"], (out, err)
     [cut] = out["incomplete_batches"]
-    assert cut["planned"] == 3 and 1 <= cut["runs"] < 3, cut
+    assert cut["planned"] == 5 and 1 <= cut["runs"] < 5, cut  # 1 + 2 x the most pairs
     rc, text, _ = _cli(str(db))
-    assert f"stopped after {cut['runs']} of 3 planned runs" in text
+    assert f"stopped after {cut['runs']} of 5 planned runs" in text
 
 
 def test_a_tighter_contract_rejects_the_stored_acceptance_by_numerics_only(verified):

@@ -1,0 +1,171 @@
+"""`[executor] kind = "slurm"` end to end on a real one-node Slurm (conftest.py): every execution
+is a Slurm job submitted through submitit, running InfraRSI's runner on the node; `scancel`
+mid-job is recorded with Slurm's state and run time; a driver SIGKILLed with a job in flight
+resumes with that job's own result, neither lost nor run twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infrarsi._receipt import verify_receipt
+from infrarsi.examples.landscape import Landscape, make_workspace
+from infrarsi.ledger import Ledger
+
+# One cluster per pytest process, on fixed ports: every Slurm test on the same worker.
+pytestmark = pytest.mark.xdist_group("slurm")
+
+CLI = [sys.executable, "-m", "infrarsi.cli"]
+PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
+EXECUTOR = '\n[executor]\nkind = "slurm"\ntime_limit_min = 10\nsbatch = ["--comment=infrarsi-test"]\n'
+
+
+def _cli(root: Path, *args: str):
+    done = subprocess.run(CLI + list(args), cwd=root, capture_output=True, text=True, timeout=PATIENCE_S)
+    out = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip().startswith("{") else None
+    return done, out
+
+
+def _workspace(tmp_path: Path, land: Landscape, **kw) -> Path:
+    root = make_workspace(tmp_path / land.name, land, **kw)
+    contract = root / "infrarsi.toml"
+    contract.write_text(contract.read_text() + EXECUTOR)
+    for verb in (["init"], ["baseline", "--runs", "2"]):
+        done, _ = _cli(root, *verb, "--json")
+        assert done.returncode == 0, done.stderr
+    return root
+
+
+def _rows(root: Path) -> list[dict]:
+    with sqlite3.connect(root / ".infrarsi" / "ledger.db") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("select * from executions order by id")]
+
+
+def _evidence(root: Path, row: dict) -> dict:
+    with Ledger.open(root / ".infrarsi" / "ledger.db") as ledger:
+        blob = ledger.get_blob(row["evidence_hash"]) if row["evidence_hash"] else None
+    return json.loads(blob) if blob else {}
+
+
+def _running_job(cluster, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        done = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True)
+        jobs = done.stdout.split()
+        if jobs:
+            return jobs[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no Slurm job started running; {cluster.logs()}")
+
+
+def test_a_search_runs_each_execution_as_a_slurm_job_and_promotes_with_a_receipt(slurm, tmp_path):
+    land = Landscape(
+        name="cluster",
+        patches=["tidy"],
+        knobs={"fast": (["0", "1"], "0")},
+        base_ms=40.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"fast=1": 0.4, "+tidy": 0.97},
+    )
+    root = _workspace(tmp_path, land, ab_pairs=2)
+    done, out = _cli(root, "search", "--budget", "9", "--json")
+    assert done.returncode == 0, done.stderr
+    best = out["best"]
+    assert best is not None and best["knobs"]["fast"] == "1", out["attempts"]
+    assert verify_receipt(best["receipt"]).ok
+
+    runs = [r for r in _rows(root) if r["kind"] != "proposal" and r["status"] != "rejected"]
+    jobs = set()
+    for row in runs:
+        evidence = _evidence(root, row)
+        slurm_ev = evidence.get("slurm") or {}
+        assert slurm_ev.get("job_id") and slurm_ev.get("node") == slurm.host, (row["id"], evidence.keys())
+        assert evidence["fingerprint"]["slurm_node"] == slurm.host
+        jobs.add(slurm_ev["job_id"])
+    assert len(jobs) == len(runs)  # one job per execution, baseline and A/B runs included
+    # submitit's folders (the pickled call, the result, the job's own stdout/stderr) per job id.
+    assert {p.name for p in (root / ".infrarsi" / "slurm").iterdir()} >= jobs
+    # The job script carried the contract's #SBATCH options.
+    script = next((root / ".infrarsi" / "slurm").glob("*/*submission.sh")).read_text()
+    assert "#SBATCH --comment=infrarsi-test" in script and "#SBATCH --time=10" in script
+
+
+def test_a_job_cancelled_mid_run_is_recorded_with_slurms_state_and_run_time(slurm, tmp_path):
+    land = Landscape(
+        name="cancelled",
+        patches=[],
+        knobs={"slow": (["0", "1"], "0")},
+        base_ms=30.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"slow=1": 150.0},  # 4.5 s a step: long enough to cancel mid-run
+    )
+    root = _workspace(tmp_path, land)
+    proc = subprocess.Popen(
+        CLI + ["run", "--set", "slow=1", "--json"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    job = _running_job(slurm, time.monotonic() + PATIENCE_S)
+    time.sleep(2.0)  # the job runs a while: its run time is Slurm's, not zero
+    subprocess.run(["scancel", job], check=True)
+    stdout, stderr = proc.communicate(timeout=PATIENCE_S)
+    row = _rows(root)[-1]
+    assert row["status"] == "crash", (row, stderr)
+    assert row["detail"].startswith(f"interrupted: slurm job {job} CANCELLED"), row["detail"]
+    assert row["device_s"] >= 1.0, row
+    assert _evidence(root, row)["slurm"]["state"] == "CANCELLED"
+
+
+def test_a_driver_killed_with_a_job_in_flight_resumes_with_that_jobs_own_result(slurm, tmp_path):
+    land = Landscape(
+        name="orphan",
+        patches=[],
+        knobs={"x": (["0", "1", "2"], "0")},
+        base_ms=400.0,  # 2 s a run: the kill lands while a job runs
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"x=1": 0.5, "x=2": 0.8},
+    )
+    root = _workspace(tmp_path, land, ab_pairs=2)
+    proc = subprocess.Popen(
+        CLI + ["search", "--budget", "8", "--json"],
+        cwd=root,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    journal_dir = root / ".infrarsi" / "search"
+    deadline = time.monotonic() + PATIENCE_S
+    job = None
+    while job is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "the search ended before a job was in flight"
+        for path in journal_dir.glob("*.inflight.json") if journal_dir.exists() else ():
+            try:
+                job = json.loads(path.read_text()).get("slurm_job_id")
+            except ValueError:
+                pass
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _rows(root)
+    assert not any((_evidence(root, r).get("slurm") or {}).get("job_id") == job for r in before)
+
+    done, out = _cli(root, "search", "--resume", "--json")
+    assert done.returncode == 0, done.stderr
+    after = _rows(root)
+    assert after[: len(before)] == before
+    mine = [r for r in after if (_evidence(root, r).get("slurm") or {}).get("job_id") == job]
+    assert len(mine) == 1, [(r["id"], r["status"], r["detail"]) for r in mine]  # recorded once, never re-run
+    assert mine[0]["status"] == "ok" and not mine[0]["detail"].startswith("interrupted"), mine[0]
+    assert any(f"recorded slurm job {job}" in m for m in out.get("messages", [])), out.get("messages")
