@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,16 +227,16 @@ class Verification:
 
         rules = Rules.from_contract(contract)
         reference = BaselineReference.from_summary(self.summary)
-        result, run_checks = self._run_judged(
-            self.candidate, self.kind, "the candidate", rules, reference, recorded_with=checks
-        )
-        self.candidate_result = result
-        if _failed(run_checks) or (self.keep_going and _failed(checks)):
-            return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
-        if self.pairs == 0:  # correctness only: never a receipt
-            return self._finish(_skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only"))
-
-        base_times, cand_times = self._ab(rules, reference, checks)
+        with self._hold():
+            result, run_checks = self._run_judged(
+                self.candidate, self.kind, "the candidate", rules, reference, recorded_with=checks
+            )
+            self.candidate_result = result
+            if _failed(run_checks) or (self.keep_going and _failed(checks)):
+                return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
+            if self.pairs == 0:  # correctness only: never a receipt
+                return self._finish(_skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only"))
+            base_times, cand_times = self._ab(rules, reference, checks)
         if base_times is None:
             return self._finish(_skipped_rest(checks, "not reached: an A/B run failed"))
         stat, estimate = check_speedup(
@@ -266,6 +267,13 @@ class Verification:
             self.summary,
         )
         return self._finish(checks, speedup, receipt)
+
+    def _hold(self):
+        """The batch's runs on one allocation where the executor holds them (Slurm: the candidate
+        run and every A/B pair on one node); a run of correctness checks only needs none."""
+        inner = getattr(self.ws.executor, "inner", self.ws.executor)
+        hold = getattr(inner, "allocation", None)
+        return hold(self.ws.contract) if hold and self.pairs > 0 else nullcontext()
 
     def _audit(self) -> list[CheckResult]:
         """audit.*: the source rules over the Python files the patches change (no run needed)."""

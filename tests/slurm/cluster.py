@@ -1,5 +1,6 @@
 """A one-node Slurm cluster in a temporary folder: munged, slurmctld and slurmd from Debian's
-packages, run as the current user (root in CI) with no cgroups, on ports of their own.
+packages, run as the current user (root in CI) with no cgroups, on free ports of their own (so
+two clusters, say two pytest processes, never meet).
 
 ``SLURM_CONF`` in the environment points every client (sinfo, sbatch, scancel, submitit) at it.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -17,7 +19,6 @@ from pathlib import Path
 __all__ = ["SlurmCluster", "missing_programs"]
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "scontrol", "scancel", "squeue")
-CTLD_PORT, SLURMD_PORT = 16817, 16818
 READY_S = 60
 
 
@@ -27,6 +28,22 @@ def missing_programs() -> list[str]:
 
 def _program(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def _free_port() -> int:
+    """A port nothing listens on now (another cluster, another session's): the kernel picks it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _memory_mb() -> int:
@@ -44,7 +61,7 @@ class SlurmCluster:
         self.host = socket.gethostname().split(".")[0]
         self.conf = folder / "slurm.conf"
         self.munge_socket = folder / "munge" / "munge.socket.2"
-        self.procs: list[subprocess.Popen] = []
+        self.pids: list[tuple[str, int]] = []  # (program, pid) of each daemon started
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def _write(self) -> None:
@@ -61,8 +78,8 @@ class SlurmCluster:
                     "ClusterName=infrarsi-ci",
                     f"SlurmctldHost={self.host}",
                     f"SlurmUser={getpass.getuser()}",
-                    f"SlurmctldPort={CTLD_PORT}",
-                    f"SlurmdPort={SLURMD_PORT}",
+                    f"SlurmctldPort={_free_port()}",
+                    f"SlurmdPort={_free_port()}",
                     "AuthType=auth/munge",
                     "CredType=cred/munge",
                     f"AuthInfo=socket={self.munge_socket}",
@@ -94,10 +111,31 @@ class SlurmCluster:
         )
 
     def _spawn(self, argv: list[str], log: str) -> None:
-        out = open(self.folder / "log" / log, "wb")
-        self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env))
+        """Start a daemon that is no descendant of this process: a shell starts it in a session of
+        its own and exits, so it belongs to init. The pytest process may be a child subreaper
+        while a test runs a workload (the runner adopts and kills the orphans of its run);
+        slurmd's job steps must never be orphans it could adopt."""
+        done = subprocess.run(
+            ["sh", "-c", 'log="$1"; shift; setsid "$@" </dev/null >"$log" 2>&1 & echo $!', "sh"]
+            + [str(self.folder / "log" / log)]
+            + argv,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            check=True,
+        )
+        self.pids.append((argv[0], int(done.stdout.split()[0])))
 
     def start(self) -> "SlurmCluster":
+        """Write the configuration, start the three daemons, wait for the node to be idle; on any
+        failure, stop whatever started (no daemon outlives a failed start)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "SlurmCluster":
         self._write()
         m = self.folder / "munge"
         self._spawn(
@@ -132,9 +170,9 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             if ready():
                 return
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"waiting for {what}: {proc.args[0]} exited {proc.returncode}; {self.logs()}")
+            for program, pid in self.pids:
+                if not _alive(pid):
+                    raise RuntimeError(f"waiting for {what}: {program} exited; {self.logs()}")
             time.sleep(0.2)
         raise RuntimeError(f"waiting for {what}: not within {READY_S} s; {self.logs()}")
 
@@ -146,15 +184,18 @@ class SlurmCluster:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        subprocess.run(
-            ["scancel", "--full", "--user", getpass.getuser()], env=self.env, timeout=10, capture_output=True
-        )
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        self.procs.clear()
+        if any(_alive(pid) for program, pid in self.pids if program.endswith("slurmctld")):
+            try:
+                subprocess.run(
+                    ["scancel", "--full", "--user", getpass.getuser()], env=self.env, timeout=10, capture_output=True
+                )
+            except subprocess.TimeoutExpired:
+                pass
+        for _, pid in reversed(self.pids):
+            for sig, patience in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+                if _alive(pid):
+                    os.kill(pid, sig)
+                deadline = time.monotonic() + patience
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        self.pids.clear()

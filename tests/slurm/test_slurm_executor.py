@@ -1,6 +1,7 @@
 """`[executor] kind = "slurm"` end to end on a real one-node Slurm (conftest.py): every execution
 is a Slurm job submitted through submitit, running InfraRSI's runner on the node; `scancel`
-mid-job is recorded with Slurm's state and run time; a driver SIGKILLed with a job in flight
+mid-job is recorded with Slurm's state and run time; a promotion's `verify` holds one allocation
+for its candidate run and all its A/B pairs; a driver SIGKILLed with a job in flight
 resumes with that job's own result, neither lost nor run twice."""
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from infrarsi._receipt import verify_receipt
 from infrarsi.examples.landscape import Landscape, make_workspace
 from infrarsi.ledger import Ledger
 
-# One cluster per pytest process, on fixed ports: every Slurm test on the same worker.
-pytestmark = pytest.mark.xdist_group("slurm")
+# Alone (the serial pass): one cluster for the module's tests, and never beside the containment
+# cheats, which SIGSTOP every train.py on the machine (tests/cheats/containment/); a stray killed
+# between its SIGSTOP and its SIGCONT leaves a job's workload stopped until its timeout.
+pytestmark = pytest.mark.serial
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
@@ -85,16 +88,24 @@ def test_a_search_runs_each_execution_as_a_slurm_job_and_promotes_with_a_receipt
     assert verify_receipt(best["receipt"]).ok
 
     runs = [r for r in _rows(root) if r["kind"] != "proposal" and r["status"] != "rejected"]
-    jobs = set()
+    jobs: dict[str, set[str]] = {}  # job id -> the batches its executions belong to
+    alone = 0
     for row in runs:
         evidence = _evidence(root, row)
         slurm_ev = evidence.get("slurm") or {}
         assert slurm_ev.get("job_id") and slurm_ev.get("node") == slurm.host, (row["id"], evidence.keys())
         assert evidence["fingerprint"]["slurm_node"] == slurm.host
-        jobs.add(slurm_ev["job_id"])
-    assert len(jobs) == len(runs)  # one job per execution, baseline and A/B runs included
+        jobs.setdefault(slurm_ev["job_id"], set()).add(row["batch"])
+        alone += row["kind"] in ("baseline", "search")
+    # The promotion's verify (its candidate run and every A/B pair) held one allocation, one job;
+    # the baseline's and the exploration's runs were a job each.
+    [promotion] = {a["batch"] for a in out["attempts"]}
+    held = [job for job, batches in jobs.items() if promotion in batches]
+    assert len(held) == 1 and jobs[held[0]] == {promotion}, jobs
+    verify_rows = [r for r in runs if r["batch"] == promotion]
+    assert len(verify_rows) >= 1 + 2 * 2 and len(jobs) == alone + 1
     # submitit's folders (the pickled call, the result, the job's own stdout/stderr) per job id.
-    assert {p.name for p in (root / ".infrarsi" / "slurm").iterdir()} >= jobs
+    assert {p.name for p in (root / ".infrarsi" / "slurm").iterdir()} >= set(jobs)
     # The job script carried the contract's #SBATCH options.
     script = next((root / ".infrarsi" / "slurm").glob("*/*submission.sh")).read_text()
     assert "#SBATCH --comment=infrarsi-test" in script and "#SBATCH --time=10" in script
