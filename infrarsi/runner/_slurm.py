@@ -86,7 +86,7 @@ class SlurmExecutor:
                     candidate,
                     "crash",
                     detail=f"interrupted: infrarsi was stopped while slurm job {job.job_id} ran; the job was cancelled",
-                    evidence={"version": 1, "interrupted": True, "slurm": {"job_id": job.job_id}},
+                    evidence={"version": 1, "interrupted": True, "slurm": {"job_id": str(job.job_id)}},
                 )
             ) from None
 
@@ -102,17 +102,21 @@ class SlurmExecutor:
         (its run time counted ``gpus`` times in the device-seconds)."""
         while True:
             if job.paths.result_pickle.exists():
-                outcome, value = job._get_outcome_and_result()
-                if outcome == "success" and isinstance(value, ExecutionResult):
-                    # A run that did not end ok may have been ended by Slurm: ask once the job ended.
-                    state = final_state(job.job_id) if value.status != "ok" else None
-                    if state is not None and state.state in SCHEDULER_ENDED:
-                        # Slurm signalled the job's processes (scancel, preemption, its time
-                        # limit) and the runner saw its workload die of it: not the candidate's doing.
-                        return lost_result(job, candidate, state, f"the runner saw: {value.detail}", gpus)
-                    return value
-                why = f"the runner on the node failed: {value}"
-                return lost_result(job, candidate, job_state(job.job_id), why, gpus)
+                try:
+                    value = job.result()  # the result file is there: no state query needed
+                except Exception as exc:  # submitit's FailedJobError: the runner on the node raised
+                    why = f"the runner on the node failed: {str(exc)[-500:]}"
+                    return lost_result(job, candidate, job_state(job.job_id), why, gpus)
+                if not isinstance(value, ExecutionResult):
+                    why = f"the job returned {type(value).__name__}, not an execution's result"
+                    return lost_result(job, candidate, job_state(job.job_id), why, gpus)
+                # A run that did not end ok may have been ended by Slurm: ask once the job ended.
+                state = final_state(job.job_id) if value.status != "ok" else None
+                if state is not None and state.state in SCHEDULER_ENDED:
+                    # Slurm signalled the job's processes (scancel, preemption, its time limit)
+                    # and the runner saw its workload die of it: not the candidate's doing.
+                    return lost_result(job, candidate, state, f"the runner saw: {value.detail}", gpus)
+                return value
             state = job_state(job.job_id)
             if state is None or state.ended:
                 if job.paths.result_pickle.exists():

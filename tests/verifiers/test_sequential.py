@@ -104,3 +104,17 @@ def test_the_plan_refuses_nonsense():
         SequentialPlan(5, 4)
     with pytest.raises(ValueError, match="min_pairs"):
         SequentialPlan(1, 4)
+
+
+def test_heavy_tails_and_drift_do_not_buy_an_a_a_pass():
+    """Outlier runs (Student t noise, 3 degrees of freedom) and a slow drift over the batch: the
+    looks still pass an A/A comparison at most 1% of the time."""
+    rng = np.random.default_rng(21)
+    plan = SequentialPlan(5, 10)
+    passed = 0
+    for _ in range(TRIALS):
+        drift = np.arange(plan.max_pairs) * 0.02
+        base = np.exp(np.log(0.1) + rng.standard_t(3, plan.max_pairs) * 0.03 + drift)
+        cand = np.exp(np.log(0.1) + rng.standard_t(3, plan.max_pairs) * 0.03 + drift)
+        passed += run_looks(list(base), list(cand), MIN_SPEEDUP, plan).status == "pass"
+    assert passed / TRIALS <= 0.01, passed / TRIALS
