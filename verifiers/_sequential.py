@@ -128,9 +128,10 @@ def run_looks(
     stopping at the first that decides. Pairs past the deciding look are never looked at: the
     rule is judged on the pairs it had when it stopped, so extra runs can't change a verdict.
 
-    A look decides ``pass`` when its lower bound clears ``min_speedup``, ``fail`` when its upper
-    median is at or below it or it is the last look, and ``drift`` when the baseline arm so far strayed
-    from the stored baseline (``stored``: its median step time and CV) beyond what its noise allows.
+    A look decides ``pass`` when its lower bound clears ``min_speedup``, ``fail`` when its median
+    ratio is at or below it or it is the last look, and ``drift`` when the baseline arm so far
+    strayed from the stored baseline (``stored``: its median step time and CV) beyond what its
+    noise allows.
     """
     looks: list[Look] = []
     estimate = None

@@ -174,7 +174,13 @@ class _Batches:
 
     def flush(self) -> list[tuple[int, CheckResult]]:
         judged = self._judge()
-        decided = bool(judged) and judged[0][1].evidence.get("decision") in ("pass", "fail", "drift")
+        # Only a sequential plan can decide before its last pair; a batch of the fixed design
+        # (recorded before ab_max_pairs) that has fewer rows than planned was cut.
+        decided = (
+            bool(judged)
+            and "ab_max_pairs" in self.plan
+            and judged[0][1].evidence.get("decision") in ("pass", "fail", "drift")
+        )
         if self.planned and self.rows < self.planned and not (self.decided or decided):
             # Cut short with every run so far passing and the A/B's looks undecided: a verify
             # that never decided, which claims nothing (no receipt before the deciding look).
@@ -203,7 +209,10 @@ class _Batches:
         search = self.contract.search
         # The looks the verify planned (a batch recorded before the sequential A/B: one look at every pair).
         first, most = self.plan.get("ab_pairs"), self.plan.get("ab_max_pairs")
-        sequential = isinstance(first, int) and isinstance(most, int) and 2 <= first <= most
+        sequential = isinstance(most, int)
+        if sequential:  # the looks verify took: from max(ab_pairs, 2) pairs to ab_max_pairs
+            first = max(first if isinstance(first, int) else 2, 2)
+            most = max(most, first)
         check, _ = check_speedup(
             base[:pairs],
             cand[:pairs],

@@ -13,7 +13,7 @@ import json
 from infrarsi._search._pruning import prune
 from infrarsi._search._session import SearchSession
 from infrarsi._search.strategy._space import Point
-from infrarsi._search.strategy._state import promotion_cost
+from infrarsi._search.strategy._state import exploration_budget, promotion_cost
 
 __all__ = ["Promotion"]
 
@@ -72,8 +72,14 @@ class Promotion:
                     "promote", f"verify {' '.join(point.describe()['patches']) or 'knobs'}: {done_runs}/{total}"
                 )
 
-            # The sequential A/B may go on past ab_pairs while undecided, within the budget left.
-            most = max(contract.search.ab_pairs, min(contract.ab_max_pairs, (budget - session.launched() - 1) // 2))
+            # The sequential A/B may go on past ab_pairs while undecided, within the budget left
+            # after the later promotions planned are reserved at their first look.
+            _, planned = exploration_budget(
+                budget, contract.search.promote_top, contract.search.ab_pairs, contract.ab_max_pairs
+            )
+            reserved = max(0, planned - len(session.meta["promotions"])) * cost
+            room = (budget - session.launched() - reserved - 1) // 2
+            most = max(contract.search.ab_pairs, min(contract.ab_max_pairs, room))
             outcome = session.verify(session.candidate(point), batch, contract.search.ab_pairs, tick, max_pairs=most)
             entry.update(
                 finished=True,

@@ -79,9 +79,25 @@ class Resumption:
         result = executor.reattach(entry["slurm_job_id"], candidate, session.ws.contract)
         if not result.sources:
             result.sources = pre_images(session.ws.contract.workspace, patches)
-        session.ws.record(
-            result, kind=self._cut_kind(entry), batch=entry["batch"], seq=0, baseline_id=session.baseline_id
-        )
+        # Judged and recorded as any run is (its verdicts, `rejected` when a check fails), the
+        # job's result standing in for the run a Verification would have launched.
+        from infrarsi._verify import Verification
+
+        session.ws.executor, inner = _Finished(result), session.ws.executor
+        try:
+            check = Verification(
+                session.ws,
+                candidate,
+                {"summary": session.summary, "id": session.baseline_id},
+                0,
+                None,
+                batch=entry["batch"],
+                kind=self._cut_kind(entry),
+            )
+            check.seq = len(session.rows())
+            check.run()
+        finally:
+            session.ws.executor = inner
         session.messages.append(
             f"recorded slurm job {entry['slurm_job_id']}, in flight when the search was killed, as {result.status}"
         )
@@ -96,3 +112,13 @@ class Resumption:
             return "verify"
         baseline = entry["knobs"] == session.ws.contract.baseline_knobs() and not entry["patches"]
         return "ab-baseline" if baseline else "ab-candidate"
+
+
+class _Finished:
+    """An executor whose one run already happened: it hands back that run's result."""
+
+    def __init__(self, result: ExecutionResult) -> None:
+        self.result = result
+
+    def run(self, contract, pinned, candidate, sample_all=False) -> ExecutionResult:
+        return self.result

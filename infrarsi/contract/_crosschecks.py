@@ -9,7 +9,7 @@ from typing import Any
 
 __all__ = ["check_search", "check_executor"]
 
-_SBATCH_OPTION = re.compile(r"--?[A-Za-z][\w-]*(=\S.*)?")
+_SBATCH_OPTION = re.compile(r"--[A-Za-z][\w-]*(=\S.*)?")  # long options: submitit writes each as --key=value
 
 
 def check_search(search: Any, fail: Callable[..., Any]) -> None:

@@ -212,7 +212,14 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
         ),
         Field("partition", "str", None, "`slurm`: the partition (`#SBATCH --partition`); unset, the cluster's default"),
         Field("account", "str", None, "`slurm`: the account charged (`#SBATCH --account`)"),
-        Field("time_limit_min", "int", 60, "`slurm`: each job's time limit in minutes (`#SBATCH --time`)", minimum=1),
+        Field(
+            "time_limit_min",
+            "int",
+            60,
+            "`slurm`: each job's time limit in minutes (`#SBATCH --time`); a verify's one allocation holds all "
+            "its runs, so size it for 1 + 2 x ab_max_pairs runs",
+            minimum=1,
+        ),
         Field("gpus_per_node", "int", 0, "`slurm`: GPUs per node (`#SBATCH --gpus-per-node`)", minimum=0),
         Field("cpus_per_task", "int", None, "`slurm`: CPUs for the job (`#SBATCH --cpus-per-task`)", minimum=1),
         Field(

@@ -22,7 +22,16 @@ from pathlib import Path
 from infrarsi.contract import Candidate, Contract
 from infrarsi.errors import ExecutionInterrupted, UsageError
 from infrarsi.runner._executor import ExecutionResult
-from infrarsi.runner._slurmjob import POLL_S, SCHEDULER_ENDED, job_state, lost_result, run_on_node, slurm_parameters
+from infrarsi.runner._slurmjob import (
+    POLL_S,
+    SCHEDULER_ENDED,
+    job_state,
+    lost_result,
+    run_on_node,
+    shows_up,
+    slurm_parameters,
+    submitit_module,
+)
 
 __all__ = ["Allocation", "serve_on_node", "IDLE_S"]
 
@@ -59,14 +68,13 @@ class Allocation:
     """The driver's end: one Slurm job held for a batch of executions, each run in turn on it."""
 
     def __init__(self, folder: Path, contract: Contract) -> None:
-        import submitit
-
+        submitit = submitit_module()
         self.inbox = folder / f"alloc-{uuid.uuid4().hex[:12]}"
         self.inbox.mkdir(parents=True)
         self.gpus = max(1, int(contract.executor.gpus_per_node))
-        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
-        executor.update_parameters(**slurm_parameters(contract))
         try:
+            executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
+            executor.update_parameters(**slurm_parameters(contract))
             self.job = executor.submit(serve_on_node, str(self.inbox), IDLE_S)
         except (subprocess.CalledProcessError, OSError, RuntimeError) as exc:
             raise UsageError(f'[executor] kind = "slurm": sbatch refused the job: {exc}') from None
@@ -77,9 +85,10 @@ class Allocation:
         self, contract: Contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool
     ) -> ExecutionResult:
         if self.ended is not None:  # the allocation is gone: every later run of the batch ends the same way
-            return lost_result(self.job, candidate, job_state(self.job.job_id), "its allocation ended", self.gpus)
+            return lost_result(self.job, candidate, job_state(self.job.job_id), "its allocation ended", self.gpus, 0.0)
         self.count += 1
         answer = self.inbox / f"res-{self.count}.pkl"
+        sent = time.monotonic()  # a run lost here is charged from now, not the allocation's start
         _put(self.inbox / f"req-{self.count}.pkl", (str(contract.path), dict(pinned), candidate, sample_all))
         try:
             while True:
@@ -90,14 +99,14 @@ class Allocation:
                     # The job serves until told to stop: ending now (COMPLETING), Slurm ended it.
                     if state is not None and (state.state in SCHEDULER_ENDED or state.state == "COMPLETING"):
                         why = f"the runner saw: {result.detail}"
-                        self.ended = lost_result(self.job, candidate, state, why, self.gpus)
+                        self.ended = lost_result(self.job, candidate, state, why, self.gpus, time.monotonic() - sent)
                         return self.ended
                     return result
                 state = job_state(self.job.job_id)
                 if state is None or state.ended:
-                    if answer.exists():
+                    if shows_up(answer):
                         continue
-                    self.ended = lost_result(self.job, candidate, state, None, self.gpus)
+                    self.ended = lost_result(self.job, candidate, state, None, self.gpus, time.monotonic() - sent)
                     return self.ended
                 time.sleep(POLL_S)
         except KeyboardInterrupt:

@@ -35,7 +35,9 @@ from infrarsi.runner._slurmjob import (
     job_state,
     lost_result,
     run_on_node,
+    shows_up,
     slurm_parameters,
+    submitit_module,
 )
 
 __all__ = ["SlurmExecutor"]
@@ -67,11 +69,10 @@ class SlurmExecutor:
     ) -> ExecutionResult:
         if self._held is not None:
             return self._held.run(contract, pinned, candidate, sample_all)
-        import submitit
-
-        executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster="slurm")
-        executor.update_parameters(**slurm_parameters(contract))
+        submitit = submitit_module()
         try:
+            executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster="slurm")
+            executor.update_parameters(**slurm_parameters(contract))
             job = executor.submit(run_on_node, str(contract.path), dict(pinned), candidate, sample_all)
         except (subprocess.CalledProcessError, OSError, RuntimeError) as exc:
             raise UsageError(f'[executor] kind = "slurm": sbatch refused the job: {exc}') from None
@@ -92,9 +93,7 @@ class SlurmExecutor:
 
     def reattach(self, job_id: str, candidate: Candidate, contract: Contract) -> ExecutionResult:
         """The result of a job submitted before (by a driver since killed), waiting for it to end."""
-        import submitit
-
-        job = submitit.SlurmJob(folder=self.folder / "%j", job_id=str(job_id))
+        job = submitit_module().SlurmJob(folder=self.folder / "%j", job_id=str(job_id))
         return self.collect(job, candidate, max(1, int(contract.executor.gpus_per_node)))
 
     def collect(self, job, candidate: Candidate, gpus: int = 1) -> ExecutionResult:
@@ -119,7 +118,7 @@ class SlurmExecutor:
                 return value
             state = job_state(job.job_id)
             if state is None or state.ended:
-                if job.paths.result_pickle.exists():
-                    continue  # the result landed between the two looks
+                if shows_up(job.paths.result_pickle):
+                    continue  # the result landed between the two looks, or a shared file system was slow
                 return lost_result(job, candidate, state, None, gpus)
             time.sleep(POLL_S)

@@ -8,14 +8,18 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 
 from infrarsi.contract import Candidate, Contract
+from infrarsi.errors import UsageError
 from infrarsi.runner._executor import ExecutionResult, LocalExecutor
 
 __all__ = [
+    "submitit_module",
     "slurm_parameters",
     "job_state",
     "final_state",
+    "shows_up",
     "JobState",
     "run_on_node",
     "lost_result",
@@ -24,6 +28,7 @@ __all__ = [
 ]
 
 POLL_S = 0.5
+RESULT_PATIENCE_S = 15.0  # how long an ended job's result file may take to show on a shared file system
 # Slurm's end states; a job in one of them with no result file ended without its result.
 ENDED = frozenset(
     {
@@ -69,16 +74,29 @@ def _seconds(text: str) -> float:
 
 
 def job_state(job_id: str) -> JobState | None:
-    """The controller's view of ``job_id``, or None once it no longer knows the job."""
+    """The controller's view of ``job_id``; None once it no longer knows the job ("Invalid job
+    id"). A controller that can't be asked (scontrol fails or hangs) gives state UNKNOWN, which
+    is not an end: the caller asks again rather than give up a running job."""
     try:
         done = subprocess.run(
             ["scontrol", "show", "job", "--oneliner", str(job_id)], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return JobState({})
     if done.returncode != 0 or not done.stdout.strip():
-        return None
+        return None if "invalid job id" in (done.stderr or "").lower() else JobState({})
     return JobState(dict(_FIELD.findall(done.stdout.splitlines()[0])))
+
+
+def submitit_module():
+    """``submitit``, or a clear error (exit 2) naming the extra that installs it."""
+    try:
+        import submitit
+    except ImportError:
+        raise UsageError(
+            "[executor] kind = \"slurm\" needs submitit, which is not installed: pip install 'infrarsi[cluster]'"
+        ) from None
+    return submitit
 
 
 def final_state(job_id: str, patience_s: float = 60.0) -> JobState | None:
@@ -133,11 +151,15 @@ def run_on_node(contract_path: str, pinned: dict[str, str], candidate: Candidate
     return result
 
 
-def lost_result(job, candidate: Candidate, state: JobState | None, why: str | None, gpus: int) -> ExecutionResult:
+def lost_result(
+    job, candidate: Candidate, state: JobState | None, why: str | None, gpus: int, run_s: float | None = None
+) -> ExecutionResult:
     """The execution a job ended without (or that Slurm ended): an interrupted crash, with Slurm's
-    state and its run time (times ``gpus``) as the device-seconds."""
+    state and the job's run time (times ``gpus``) as the device-seconds; ``run_s`` instead where
+    the job ran other executions first (an allocation: the time since this one was handed over)."""
     name = state.state if state else "gone (the controller no longer knows it)"
-    run_s = state.run_s if state else 0.0
+    if run_s is None:
+        run_s = state.run_s if state else 0.0
     detail = f"interrupted: slurm job {job.job_id} {name}" + (f": {why}" if why else "")
     stderr = ""
     try:
@@ -157,3 +179,19 @@ def lost_result(job, candidate: Candidate, state: JobState | None, why: str | No
             "slurm": {"job_id": str(job.job_id), "state": name, "node": state.node if state else None},
         },
     )
+
+
+def shows_up(path: Path, patience_s: float = RESULT_PATIENCE_S) -> bool:
+    """Whether ``path`` appears within ``patience_s``: a shared file system may show the node's
+    result file late. Touching the folder's mode makes NFS look again (submitit does the same)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            path.parent.chmod(path.parent.stat().st_mode)
+        except OSError:
+            pass
+        if path.exists():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)

@@ -65,7 +65,7 @@ def test_a_deciding_first_look_ends_the_a_b_and_the_audit_takes_the_same_looks(t
     assert stat["status"] == "fail" and "more pairs would not help" in stat["detail"], stat
     assert len(_verify_rows(root)) == 2 * (1 + 2 * 3)
 
-    # `--max-pairs` below `--pairs` is bad input, not a traceback.
+    # `--max-pairs` below 2 is bad input, not a traceback (one below `--pairs` is raised to it).
     done, _ = _cli(root, "verify", "--set", "speed=fast", "--max-pairs", "1")
     assert done.returncode == 2 and "--max-pairs 1" in done.stderr and "Traceback" not in done.stderr
 

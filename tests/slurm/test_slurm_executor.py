@@ -179,4 +179,8 @@ def test_a_driver_killed_with_a_job_in_flight_resumes_with_that_jobs_own_result(
     mine = [r for r in after if (_evidence(root, r).get("slurm") or {}).get("job_id") == job]
     assert len(mine) == 1, [(r["id"], r["status"], r["detail"]) for r in mine]  # recorded once, never re-run
     assert mine[0]["status"] == "ok" and not mine[0]["detail"].startswith("interrupted"), mine[0]
+    # Judged as any run is (its verdicts and rule version recorded), and that point never run again.
+    assert json.loads(mine[0]["verdicts"]) and mine[0]["rule_version"], mine[0]
+    again = [r for r in after if r["kind"] == "search" and r["knobs"] == mine[0]["knobs"]]
+    assert len(again) == 1, [(r["id"], r["status"]) for r in again]
     assert any(f"recorded slurm job {job}" in m for m in out.get("messages", [])), out.get("messages")
