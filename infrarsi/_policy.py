@@ -11,7 +11,14 @@ from pathlib import Path
 from infrarsi.auditors import AUDITOR_VERSION, audit_check_ids
 from infrarsi.verifiers import RULE_VERSION
 
-__all__ = ["REQUIRED_CHECKS", "OPTIONAL_NUMERICS", "VERDICT_VERSION", "required_checks"]
+__all__ = [
+    "REQUIRED_CHECKS",
+    "OPTIONAL_NUMERICS",
+    "VERDICT_VERSION",
+    "CONVERGENCE",
+    "required_checks",
+    "contract_requires",
+]
 
 # Every check a receipt must hold, each `pass`.
 REQUIRED_CHECKS = (
@@ -55,7 +62,17 @@ VERDICT_VERSION = f"{RULE_VERSION}+{AUDITOR_VERSION}@{_rules_digest()}"
 OPTIONAL_NUMERICS = {"loss": "numerics.loss", "grad_norm": "numerics.grad_norm", "precision": "numerics.precision"}
 
 
-def required_checks(require) -> tuple[str, ...]:
-    """The checks that must `pass` under a contract whose [numerics] require is ``require``."""
+# Required only where the contract asks for it with a [numerics.convergence] table.
+CONVERGENCE = "numerics.convergence"
+
+
+def required_checks(require, convergence: bool = False) -> tuple[str, ...]:
+    """The checks that must `pass` under a contract whose [numerics] require is ``require``
+    (and, with ``convergence``, that has a ``[numerics.convergence]`` table)."""
     dropped = {cid for name, cid in OPTIONAL_NUMERICS.items() if name not in require}
-    return tuple(cid for cid in REQUIRED_CHECKS if cid not in dropped)
+    return tuple(cid for cid in REQUIRED_CHECKS if cid not in dropped) + ((CONVERGENCE,) if convergence else ())
+
+
+def contract_requires(contract) -> tuple[str, ...]:
+    """The checks a receipt under ``contract`` must hold, each `pass`."""
+    return required_checks(contract.numerics.require, contract.convergence is not None)

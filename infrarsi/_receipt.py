@@ -19,12 +19,22 @@ def _looks(checks) -> dict:
     return {key: evidence[key] for key in ("sequential", "looks") if key in evidence}
 
 
+def _convergence(checks) -> dict | None:
+    """How far the receipt shows the candidate trains the same model: steps, seeds, the margin and
+    the tails' difference (``numerics.convergence``'s evidence), or None where it was not asked for."""
+    evidence = next((c.evidence for c in checks if c.id == "numerics.convergence"), None)
+    if not evidence:
+        return None
+    keys = ("steps", "seeds", "tail_steps", "margin", "margin_from", "difference", "ci90", "max_gap", "max_gap_step")
+    return {key: evidence.get(key) for key in keys}
+
+
 def write_receipt(
     ws, candidate, checks, estimate, base_times, cand_times, executions, fingerprint, baseline_summary
 ) -> Path:
     """Sign and write ``.infrarsi/receipts/<id>.json`` (and keep a copy in the ledger); returns its path."""
     from infrarsi._hashing import hash_workspace
-    from infrarsi._policy import VERDICT_VERSION, required_checks
+    from infrarsi._policy import VERDICT_VERSION, contract_requires
     from infrarsi.contract import launch_command
     from infrarsi.runner import pre_images
 
@@ -48,7 +58,7 @@ def write_receipt(
         "launch": launch_command(ws.contract, dict(candidate.knobs)),
         "environment": fingerprint,
         "checks": [{**c.to_json(), "evidence_sha256": sha256_hex(canonical_json(c.evidence))} for c in checks],
-        "required_checks": list(required_checks(ws.contract.numerics.require)),
+        "required_checks": list(contract_requires(ws.contract)),
         # clock "runner": the step times are the mean periods between step ends on InfraRSI's own clock.
         # Every pair run, and the sequential A/B's looks over them (which one decided).
         "ab": {
@@ -67,6 +77,9 @@ def write_receipt(
         "rule_version": VERDICT_VERSION,
         "public_key": ws.key.public_hex,
     }
+    claim = _convergence(checks)
+    if claim is not None:
+        body["convergence"] = claim
     receipt_id = sha256_hex(canonical_json(body))[:16]
     signed = {"id": receipt_id, "receipt": body, "signature": ws.key.sign(canonical_json(body))}
     folder = ws.contract.state_dir / "receipts"

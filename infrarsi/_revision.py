@@ -26,6 +26,7 @@ __all__ = [
     "check_baseline_current",
     "stale_baseline",
     "stored_contract",
+    "contract_name",
     "measured_under",
 ]
 
@@ -119,6 +120,9 @@ def classify(
         for key in sorted(set(before) | set(after)):
             if f"{section}.{key}" not in measured and key != "command" and before.get(key) != after.get(key):
                 rev.kept.append(f"[{section}] {key}: {before.get(key)!r} -> {after.get(key)!r}")
+    if old.convergence != new.convergence:  # long runs are taken anew by each verify
+        shown = [c.describe() if c else None for c in (old.convergence, new.convergence)]
+        rev.kept.append(f"[numerics.convergence]: {shown[0]} -> {shown[1]}")
     for name in sorted(set(old.knobs) | set(new.knobs)):
         if name not in new.knobs:
             rev.kept.append(f"knob {name} removed")
@@ -205,6 +209,13 @@ def revise(contract_path) -> tuple[Manifest, Revision]:
     return manifest, revision
 
 
+def contract_name(manifest: Manifest) -> str:
+    """The contract's file name: the pinned file whose hash is the contract's (a named contract,
+    ``long.toml``, is not a protected file of its own revision); ``infrarsi.toml`` where none is."""
+    digest = manifest.body.get("contract_sha256")
+    return next((path for path, sha in manifest.files.items() if sha == digest and "/" not in path), "infrarsi.toml")
+
+
 def stored_contract(ledger: Ledger, manifest: Manifest, path: Path) -> Contract | str:
     """The contract ``manifest`` pinned, parsed from the ledger's blob as if at ``path``; or why not."""
     data = ledger.get_blob(str(manifest.body.get("contract_sha256")))
@@ -243,7 +254,7 @@ def stale_baseline(
             f"the stored baseline (batch {baseline.get('batch')}) ran under a manifest this ledger does not "
             "hold, signed by this key"
         )
-    path = contract.path if contract is not None else Path("infrarsi.toml")
+    path = contract.path if contract is not None else Path(contract_name(manifest))
     old, new = stored_contract(ledger, base, path), contract or stored_contract(ledger, manifest, path)
     if isinstance(old, str) or isinstance(new, str):
         return old if isinstance(old, str) else new

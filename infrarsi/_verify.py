@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infrarsi._hashing import hash_protected
+from infrarsi._longruns import convergence_check
 from infrarsi._next import next_steps
-from infrarsi._policy import REQUIRED_CHECKS, VERDICT_VERSION, required_checks
+from infrarsi._policy import VERDICT_VERSION, required_checks
 from infrarsi._revision import check_baseline_current
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.auditors import audit_check_ids, check_sources
@@ -88,9 +89,9 @@ def _failed(checks: list[CheckResult]) -> bool:
     return any(c.status in ("fail", "unchecked") for c in checks)
 
 
-def _skipped_rest(checks: list[CheckResult], reason: str) -> list[CheckResult]:
+def _skipped_rest(checks: list[CheckResult], reason: str, required: tuple[str, ...]) -> list[CheckResult]:
     seen = {c.id for c in checks}
-    return checks + [CheckResult(cid, "skipped", reason) for cid in REQUIRED_CHECKS if cid not in seen]
+    return checks + [CheckResult(cid, "skipped", reason) for cid in required if cid not in seen]
 
 
 def verify(
@@ -124,13 +125,15 @@ def verify(
         if max_pairs is not None and max_pairs < 2:
             raise UsageError(f"--max-pairs {max_pairs}: expected 2 or more")
         most = max(pairs, (ws.contract.search.ab_max_pairs or pairs) if max_pairs is None else max_pairs)
-        return Verification(ws, candidate, stored, pairs, progress, keep_going, max_pairs=most).run()
+        return Verification(ws, candidate, stored, pairs, progress, keep_going, max_pairs=most, long_runs=True).run()
 
 
 class Verification:
     """One candidate's checks against a stored baseline (``{"summary", "id"}``), each execution
     recorded as it ends: `verify` runs it whole; the search runs it with ``pairs=0`` to judge an
-    exploration run and whole to promote (``batch`` and ``kind`` name the rows it writes)."""
+    exploration run and whole to promote (``batch`` and ``kind`` name the rows it writes).
+    ``long_runs`` takes ``[numerics.convergence]``'s long runs where the contract has the table;
+    unset, wherever there is an A/B (`verify` and promotion, never an exploration run)."""
 
     def __init__(
         self,
@@ -143,8 +146,13 @@ class Verification:
         batch: str | None = None,
         kind: str = "verify",
         max_pairs: int | None = None,
+        long_runs: bool | None = None,
     ) -> None:
         self.ws, self.candidate, self.pairs = ws, candidate, pairs
+        conv = ws.contract.convergence
+        wanted = pairs > 0 if long_runs is None else long_runs
+        self.long_runs = conv.runs if wanted and conv is not None else 0
+        self.required = required_checks(ws.contract.numerics.require, convergence=bool(self.long_runs))
         self.max_pairs = 0 if pairs == 0 else max(pairs, max_pairs or pairs)
         self.summary, self.baseline_id = baseline["summary"], baseline["id"]
         self.keep_going = keep_going
@@ -154,7 +162,7 @@ class Verification:
         self.executions: list[int] = []
         self.candidate_result: ExecutionResult | None = None  # the candidate's own run, once it ran
         self.seq = 0
-        self.total = 1 + 2 * self.max_pairs
+        self.total = 1 + 2 * self.max_pairs + self.long_runs
         self.done = 0
 
     def _tick(self, result: ExecutionResult | None) -> None:
@@ -169,7 +177,12 @@ class Verification:
         if result.evidence:
             result.evidence = {
                 **result.evidence,
-                "plan": {"runs": self.total, "ab_pairs": self.pairs, "ab_max_pairs": self.max_pairs},
+                "plan": {
+                    "runs": self.total,
+                    "ab_pairs": self.pairs,
+                    "ab_max_pairs": self.max_pairs,
+                    "long_runs": self.long_runs,
+                },
             }
         execution = self.ws.record(
             result,
@@ -223,7 +236,7 @@ class Verification:
                 sources=pre_images(contract.workspace, self.candidate.patches),
             )
             self._record(result, self.kind, checks)
-            return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
+            return self._finish(_skipped_rest(checks, "not reached: an earlier check failed", self.required))
 
         rules = Rules.from_contract(contract)
         reference = BaselineReference.from_summary(self.summary)
@@ -233,12 +246,16 @@ class Verification:
             )
             self.candidate_result = result
             if _failed(run_checks) or (self.keep_going and _failed(checks)):
-                return self._finish(_skipped_rest(checks, "not reached: an earlier check failed"))
+                return self._finish(_skipped_rest(checks, "not reached: an earlier check failed", self.required))
             if self.pairs == 0:  # correctness only: never a receipt
-                return self._finish(_skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only"))
+                if self.long_runs:
+                    checks.append(convergence_check(self, rules))
+                return self._finish(
+                    _skipped_rest(checks, "not run: --pairs 0 asks for the correctness checks only", self.required)
+                )
             base_times, cand_times = self._ab(rules, reference, checks)
         if base_times is None:
-            return self._finish(_skipped_rest(checks, "not reached: an A/B run failed"))
+            return self._finish(_skipped_rest(checks, "not reached: an A/B run failed", self.required))
         stat, estimate = check_speedup(
             base_times,
             cand_times,
@@ -250,9 +267,11 @@ class Verification:
         )
         checks.append(stat)
         speedup = estimate.to_json() if estimate else None
-        required = required_checks(contract.numerics.require)
-        if not stat.passed or not all(c.passed for c in checks if c.id in required):
-            return self._finish(checks, speedup)
+        if self.long_runs and stat.passed and not _failed(checks):
+            with self._hold():
+                checks.append(convergence_check(self, rules))
+        if not stat.passed or not all(c.passed for c in checks if c.id in self.required):
+            return self._finish(_skipped_rest(checks, "not reached: an earlier check failed", self.required), speedup)
         from infrarsi._receipt import write_receipt
 
         receipt = write_receipt(

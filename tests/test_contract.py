@@ -261,13 +261,25 @@ def near_contracts(draw) -> str:
                     "require",
                     "file",
                     "memory_limit_mb",
+                    "steps",
+                    "seeds",
+                    "seed_flag",
+                    "tail",
+                    "margin",
                     "x",
                 ]
             )
         )
         value = draw(_toml_values)
         rendered = repr(value).replace("True", "true").replace("False", "false").replace("'", '"')
-        lines.insert(index, draw(st.sampled_from([f"{key} = {rendered}", f"[{key}]", f"[[{key}]]", f"[knobs.{key}]"])))
+        lines.insert(
+            index,
+            draw(
+                st.sampled_from(
+                    [f"{key} = {rendered}", f"[{key}]", f"[[{key}]]", f"[knobs.{key}]", "[numerics.convergence]"]
+                )
+            ),
+        )
     return "\n".join(lines)
 
 
@@ -280,6 +292,42 @@ def test_arbitrary_toml_never_tracebacks(workspace, text):
         assert str(exc).startswith(str(workspace / "infrarsi.toml"))
     else:
         assert contract.task.command
+
+
+LONG = GOOD.replace("[resources]", '[numerics.convergence]\nsteps = 70\nseed_flag = "--seed"\n\n[resources]')
+
+
+def test_a_convergence_table_parses_and_launches_a_long_run_with_its_seed(workspace):
+    from infrarsi.contract import Candidate, launch_command, long_run
+
+    contract = load_contract(write(workspace, LONG))
+    conv = contract.convergence
+    assert (conv.steps, conv.seeds, conv.tail, conv.margin, conv.runs) == (70, 3, 0.2, None, 6)
+    assert contract.numerics.loss_rtol == 1e-3  # the table is not a key of [numerics]
+    long, who = long_run(contract, Candidate({"attention": "sdpa"}), seed=2)
+    assert long.total_steps == 70 and long.timing.warmup_steps == 2
+    assert long.task.timeout_s == pytest.approx(60 * 70 / 7)
+    assert launch_command(long, who.knobs)["argv"][-4:] == ["--attention", "sdpa", "--seed", "2"]
+    assert load_contract(write(workspace, GOOD)).convergence is None
+
+
+@pytest.mark.parametrize(
+    "old, new, key, words",
+    [
+        ("steps = 70", "steps = 7", "numerics.convergence.steps", "more than the short window"),
+        ("steps = 70", "steps = 70\ntail = 1.5", "numerics.convergence.tail", "at most 1"),
+        ("steps = 70", "steps = 70\nseeds = 1", "numerics.convergence.seeds", ">= 2"),
+        ('seed_flag = "--seed"', 'seed_flag = "--attention"', "numerics.convergence.seed_flag", "knob 'attention'"),
+        ('seed_flag = "--seed"', 'seed_env = "TOY_COMPILE"', "numerics.convergence.seed_env", "knob 'compile'"),
+        ('seed_flag = "--seed"', 'seed_flag = "--seed"\nseed_env = "S"', "numerics.convergence", "exactly one"),
+        ("steps = 70", "steps = 70\nmargin = 0", "numerics.convergence.margin", "> 0"),
+        ("steps = 70", "stepz = 70", "numerics.convergence.stepz", "unknown key"),
+    ],
+)
+def test_convergence_errors_name_the_key(workspace, old, new, key, words):
+    with pytest.raises(ContractError) as err:
+        load_contract(write(workspace, LONG.replace(old, new)))
+    assert key in str(err.value) and words in str(err.value), str(err.value)
 
 
 def test_contract_reference_is_generated_from_the_schema():

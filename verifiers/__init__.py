@@ -1,5 +1,6 @@
 """Verifiers: pure functions from stored evidence to a CheckResult. No I/O, no clock."""
 
+from ._convergence import check_convergence, judge_long_run, run_losses
 from ._evidence import (
     BaselineReference,
     RunEvidence,
@@ -42,6 +43,9 @@ __all__ = [
     "merged_steps",
     "receipt_lines",
     "step_ranges",
+    "check_convergence",
+    "judge_long_run",
+    "run_losses",
     "check_containment",
     "check_manifest",
     "check_run_integrity",

@@ -126,7 +126,7 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, cfg: Config, seed: int = 0):
+    def __init__(self, cfg: Config, seed: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
@@ -137,8 +137,9 @@ class TinyGPT(nn.Module):
         self._init_logical(seed)
 
     @torch.no_grad()
-    def _init_logical(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
+    def _init_logical(self, seed: int | None) -> None:
+        # Unset: the seed torch.manual_seed last set (train.py's --seed), so a seed changes the weights.
+        gen = torch.Generator().manual_seed(torch.initial_seed() if seed is None else seed)
         d = self.cfg.d_model
 
         def normal(*shape, std=0.02):

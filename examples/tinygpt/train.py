@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=["dense", "moe"], default="dense")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights' initialisation")
     ap.add_argument("--attention", choices=["manual", "sdpa"], default="manual")
     ap.add_argument("--checkpoint", choices=["on", "off"], default="on")
     ap.add_argument("--batch", type=int, default=16, help="global batch (sequences per optimizer step)")
@@ -55,7 +56,7 @@ def get_batch(data: torch.Tensor, step: int, batch: int, seq_len: int):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     cfg = Config(arch=args.arch, attention=args.attention, checkpoint=args.checkpoint == "on",
                  seq_len=args.seq_len)
     model = TinyGPT(cfg)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infrarsi._audit._batches import Batches
 from infrarsi._audit._revisions import revision_problems
 from infrarsi._audit._stored import (
     RUN_IDS,
@@ -28,14 +29,14 @@ from infrarsi._audit._stored import (
     source_key,
     stored_sources,
 )
+from infrarsi._longruns import LONG_KINDS
 from infrarsi._manifest import trusted_key as trusted_key_of
 from infrarsi._policy import VERDICT_VERSION
-from infrarsi._verify import stored_step_time
 from infrarsi.auditors import audit_check_ids
 from infrarsi.contract import Contract
 from infrarsi.errors import UsageError
 from infrarsi.ledger import Ledger, LedgerError
-from infrarsi.verifiers import BaselineReference, CheckResult, Rules, check_speedup, judge_run, runner_step_time
+from infrarsi.verifiers import BaselineReference, CheckResult, Rules, judge_long_run, judge_run
 
 __all__ = ["AuditReport", "audit_ledger"]
 
@@ -116,124 +117,16 @@ def _judge(ev: Evidence, sources: SourceJudge, row: dict) -> list[CheckResult]:
             else CheckResult(c.id, "unchecked", reference)
             for c in judged
         ]
+    if row.get("kind") in LONG_KINDS.values():
+        # A long run under its own seed: judged on its own, the pairs by their batch (Batches).
+        if contract.convergence is None:
+            return checks + missing(RUN_IDS, "a long run, and its contract has no [numerics.convergence]")
+        return checks + judge_long_run(run, Rules.from_contract(contract), contract.convergence.steps)
     return checks + judge_run(run, reference, Rules.from_contract(contract))
 
 
 def _failing(checks: list[CheckResult]) -> list[CheckResult]:
     return [c for c in checks if c.status in ("fail", "unchecked")]
-
-
-class _Batches:
-    """A/B step times per verify batch, re-judged by stats.speedup when the batch ends.
-
-    A verify batch's rows are consecutive (one `verify` at a time writes them), so only
-    the current batch is held.
-    """
-
-    def __init__(self, ev: Evidence) -> None:
-        self.ev = ev
-        self.incomplete: list[dict] = []
-        self._start(None)
-
-    def _start(self, batch: str | None) -> None:
-        self.batch, self.anchor, self.contract, self.anchor_row = batch, None, None, None
-        self.planned: int | None = None
-        self.plan: dict = {}
-        self.rows, self.decided = 0, False
-        self.times: dict[str, list[float]] = {"ab-baseline": [], "ab-candidate": []}
-        self.untimed = 0
-
-    def add(self, row: dict, contract) -> list[tuple[int, CheckResult]]:
-        done = []
-        if row.get("batch") != self.batch:
-            done = self.flush()
-            self._start(row.get("batch"))
-        if row.get("kind") == "verify":
-            self.anchor, self.contract, self.anchor_row = row["id"], contract, row
-            self.plan = _plan(self.ev, row)
-            runs = self.plan.get("runs")
-            self.planned = runs if isinstance(runs, int) and runs > 0 else None
-        elif row.get("kind") in self.times and row["status"] == "ok" and isinstance(contract, Contract):
-            # Today's step time: the mean period on the runner's clock, from the stored stamps
-            # (a row recorded when the probe's regions were the step time is timed anew).
-            run = run_evidence(self.ev, row)
-            step = (
-                None
-                if isinstance(run, str)
-                else runner_step_time(run, contract.timing.warmup_steps, contract.timing.measure_steps)
-            )
-            if step is not None:
-                self.times[row["kind"]].append(step)
-            else:
-                self.untimed += 1
-        if self.anchor is not None:
-            self.rows += 1
-            cut = row["status"] == "crash" and str(row.get("detail") or "").startswith("interrupted")
-            self.decided |= row["status"] != "ok" and not cut
-        return done
-
-    def flush(self) -> list[tuple[int, CheckResult]]:
-        judged = self._judge()
-        # Only a sequential plan can decide before its last pair; a batch of the fixed design
-        # (recorded before ab_max_pairs) that has fewer rows than planned was cut.
-        decided = (
-            bool(judged)
-            and "ab_max_pairs" in self.plan
-            and judged[0][1].evidence.get("decision") in ("pass", "fail", "drift")
-        )
-        if self.planned and self.rows < self.planned and not (self.decided or decided):
-            # Cut short with every run so far passing and the A/B's looks undecided: a verify
-            # that never decided, which claims nothing (no receipt before the deciding look).
-            self.incomplete.append(
-                {"batch": self.batch, "execution": self.anchor, "runs": self.rows, "planned": self.planned}
-            )
-        return judged
-
-    def _judge(self) -> list[tuple[int, CheckResult]]:
-        base, cand = self.times["ab-baseline"], self.times["ab-candidate"]
-        if self.anchor is None or not base or not isinstance(self.contract, Contract):
-            return []
-        pairs = min(len(base), len(cand))
-        if self.untimed:
-            return [
-                (
-                    self.anchor,
-                    CheckResult(
-                        "stats.speedup",
-                        "unchecked",
-                        f"{self.untimed} A/B run(s) have no complete measured window on the runner's clock",
-                    ),
-                )
-            ]
-        stored = stored_step_time(self.ev.summary(self.ev.baseline_for(self.anchor_row)) or {})
-        search = self.contract.search
-        # The looks the verify planned (a batch recorded before the sequential A/B: one look at every pair).
-        first, most = self.plan.get("ab_pairs"), self.plan.get("ab_max_pairs")
-        sequential = isinstance(most, int)
-        if sequential:  # the looks verify took: from max(ab_pairs, 2) pairs to ab_max_pairs
-            first = max(first if isinstance(first, int) else 2, 2)
-            most = max(most, first)
-        check, _ = check_speedup(
-            base[:pairs],
-            cand[:pairs],
-            float(search.min_speedup),
-            first if sequential else pairs,
-            stored=stored,
-            drift_floor=float(search.drift_tolerance),
-            max_pairs=most if sequential else None,
-        )
-        return [(self.anchor, check)]
-
-
-def _plan(ev: Evidence, row: dict) -> dict:
-    """A verify batch's plan (``runs`` = 1 + 2 x the most A/B pairs, ``ab_pairs`` before the first
-    look, ``ab_max_pairs``), from its candidate row's evidence; {} where it has none."""
-    stored = ev.blob(row.get("evidence_hash"))
-    try:
-        plan = json.loads(stored).get("plan") if stored else None
-    except (ValueError, AttributeError):
-        return {}
-    return plan if isinstance(plan, dict) else {}
 
 
 def audit_ledger(
@@ -269,7 +162,7 @@ def audit_ledger(
         ev = Evidence(ledger, override, path.parent.parent)
         sources = SourceJudge(ev, workers if workers is not None else (os.cpu_count() or 1))
         total = ledger.count()
-        batches = _Batches(ev)
+        batches = Batches(ev)
         try:
             for chunk in _chunks(ledger.executions(), _CHUNK):
                 judged = [(row, ev.contract(row.get("contract_hash"))) for row in chunk]
@@ -389,8 +282,11 @@ def _record(report: AuditReport, row: dict, checks: list[CheckResult]) -> None:
                 report.rejected_only_by_numerics += 1
 
 
+_CLAIMS = {"stats.speedup": "speedup", "numerics.convergence": "convergence"}
+
+
 def _record_batch(report: AuditReport, anchor: int, check: CheckResult, receipted: set[int]) -> None:
-    """stats.speedup of one verify batch, from its A/B rows; a finding only where a receipt claimed it."""
+    """A check of one verify batch (stats.speedup, numerics.convergence); a finding only where a receipt claimed it."""
     report.by_check.setdefault(check.id, Counter())[check.status] += 1
     if check.status in ("fail", "unchecked") and anchor in receipted:
         report.findings.append(
@@ -398,6 +294,6 @@ def _record_batch(report: AuditReport, anchor: int, check: CheckResult, receipte
                 "execution": anchor,
                 "check": check.id,
                 "status": check.status,
-                "detail": f"the receipt's speedup no longer holds: {check.detail}",
+                "detail": f"the receipt's {_CLAIMS.get(check.id, check.id)} no longer holds: {check.detail}",
             }
         )

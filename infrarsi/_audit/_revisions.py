@@ -15,7 +15,7 @@ def revision_problems(ledger: Ledger, key: str, state: Path) -> list[str]:
     (each following the one before, numbered in order), each revision's claim about the baseline
     re-derived from the stored contracts, every execution run under one of them, and every judged
     execution met a baseline that still measured its revision's job."""
-    from infrarsi._revision import classify, manifests_in, stale_baseline, stored_contract
+    from infrarsi._revision import classify, contract_name, manifests_in, stale_baseline, stored_contract
 
     problems: list[str] = []
     chain = manifests_in(ledger)
@@ -39,8 +39,8 @@ def revision_problems(ledger: Ledger, key: str, state: Path) -> list[str]:
         if manifest.revision != before.revision + 1:
             problems.append(f"manifest revision {manifest.revision} follows revision {before.revision}")
         old, new = (
-            stored_contract(ledger, before, Path("infrarsi.toml")),
-            stored_contract(ledger, manifest, Path("infrarsi.toml")),
+            stored_contract(ledger, before, Path(contract_name(before))),
+            stored_contract(ledger, manifest, Path(contract_name(manifest))),
         )
         if isinstance(old, str) or isinstance(new, str):
             problems.append(old if isinstance(old, str) else new)

@@ -19,7 +19,16 @@ from infrarsi.ledger import Ledger
 __all__ = ["ReportData", "Promotion", "load_report_data", "RESOURCE_KINDS"]
 
 # Executions that measure a candidate (what the search and `verify` launched), not the baseline.
-RESOURCE_KINDS = ("search", "run", "verify", "ab-baseline", "ab-candidate", "proposal")
+RESOURCE_KINDS = (
+    "search",
+    "run",
+    "verify",
+    "ab-baseline",
+    "ab-candidate",
+    "long-baseline",
+    "long-candidate",
+    "proposal",
+)
 
 
 @dataclass

@@ -54,7 +54,7 @@ def best_so_far_svg(data) -> str:
         xs = [
             n
             for n, r in enumerate(attempts, start=1)
-            if r["status"] == "ok" and r.get("step_time_s") and r.get("kind") != "ab-baseline"
+            if r["status"] == "ok" and r.get("step_time_s") and r.get("kind") not in ("ab-baseline", "long-baseline")
         ]
         ys = [base / attempts[n - 1]["step_time_s"] for n in xs]
         ax.scatter(xs, ys, s=14, color="#999999", label="one run vs the baseline median (not verified)", zorder=2)

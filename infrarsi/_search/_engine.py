@@ -29,7 +29,14 @@ from infrarsi._search._proposing import Proposals
 from infrarsi._search._resuming import Resumption
 from infrarsi._search._session import META_KEY, SearchSession
 from infrarsi._search.strategy._proposers import Proposer
-from infrarsi._search.strategy._state import Observation, SearchOutcome, SearchState, exploration_budget, promotion_cost
+from infrarsi._search.strategy._state import (
+    Observation,
+    SearchOutcome,
+    SearchState,
+    exploration_budget,
+    long_runs,
+    promotion_cost,
+)
 from infrarsi._workspace import Workspace, open_workspace
 from infrarsi.errors import UsageError
 
@@ -45,7 +52,7 @@ def _run(
     exploration = budget
     if promote:
         exploration, _ = exploration_budget(
-            budget, contract.search.promote_top, contract.search.ab_pairs, contract.ab_max_pairs
+            budget, contract.search.promote_top, contract.search.ab_pairs, contract.ab_max_pairs, long_runs(contract)
         )
     Proposals(session, proposers, pack).gather()
     Resumption(session).replay()
@@ -199,8 +206,9 @@ def search(
                 "baseline_id": stored["id"],
             }
         if promote:
+            section = ws.contract.search
             exploration_budget(
-                meta["budget"], ws.contract.search.promote_top, ws.contract.search.ab_pairs, ws.contract.ab_max_pairs
+                meta["budget"], section.promote_top, section.ab_pairs, ws.contract.ab_max_pairs, long_runs(ws.contract)
             )
         ws.ledger.set_meta(META_KEY, json.dumps(meta, sort_keys=True))
         return _run(SearchSession(ws, stored, meta, progress), resume, proposers, pack_data, promote)

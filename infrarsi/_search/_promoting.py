@@ -13,7 +13,7 @@ import json
 from infrarsi._search._pruning import prune
 from infrarsi._search._session import SearchSession
 from infrarsi._search.strategy._space import Point
-from infrarsi._search.strategy._state import exploration_budget, promotion_cost
+from infrarsi._search.strategy._state import exploration_budget, long_runs, promotion_cost
 
 __all__ = ["Promotion"]
 
@@ -32,7 +32,8 @@ class Promotion:
         """Verify the best-ranked candidates in turn until ``promote_top`` are accepted or the budget is spent."""
         session = self.session
         contract = session.ws.contract
-        cost = promotion_cost(contract.search.ab_pairs)
+        extra = long_runs(contract)
+        cost = promotion_cost(contract.search.ab_pairs, extra)
         done = self._settle()
         session.meta["promote_stop"] = "every candidate the models rank above min_speedup was verified"
         for point in self.ranked():
@@ -75,10 +76,10 @@ class Promotion:
             # The sequential A/B may go on past ab_pairs while undecided, within the budget left
             # after the later promotions planned are reserved at their first look.
             _, planned = exploration_budget(
-                budget, contract.search.promote_top, contract.search.ab_pairs, contract.ab_max_pairs
+                budget, contract.search.promote_top, contract.search.ab_pairs, contract.ab_max_pairs, extra
             )
             reserved = max(0, planned - len(session.meta["promotions"])) * cost
-            room = (budget - session.launched() - reserved - 1) // 2
+            room = (budget - session.launched() - reserved - 1 - extra) // 2
             most = max(contract.search.ab_pairs, min(contract.ab_max_pairs, room))
             outcome = session.verify(session.candidate(point), batch, contract.search.ab_pairs, tick, max_pairs=most)
             entry.update(

@@ -3,15 +3,18 @@ its scope uses, the reference generated from the schema, and candidates resolved
 (knob settings and patches, and the one place knobs become a command line and environment)."""
 
 from infrarsi.contract._candidate import (
+    SEED_KNOB,
     Candidate,
     PatchRef,
     changes_from,
     launch_command,
     launch_settings,
+    long_run,
     parse_sets,
     resolve_candidate,
 )
 from infrarsi.contract._contract import DEFAULT_CONTRACT, Contract, Knob, PatchSpec, load_contract, parse_contract
+from infrarsi.contract._convergence import Convergence
 from infrarsi.contract._globs import check_glob, matches, matches_any
 from infrarsi.errors import ContractError
 
@@ -30,6 +33,9 @@ __all__ = [
     "launch_settings",
     "parse_sets",
     "resolve_candidate",
+    "long_run",
+    "SEED_KNOB",
+    "Convergence",
     "check_glob",
     "matches",
     "matches_any",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infrarsi.contract._contract import Contract
+from infrarsi.contract._contract import Contract, Knob, Section
 from infrarsi.contract._launcher import launched
 from infrarsi.errors import UsageError
 
@@ -19,7 +20,11 @@ __all__ = [
     "changes_from",
     "launch_settings",
     "launch_command",
+    "long_run",
+    "SEED_KNOB",
 ]
+
+SEED_KNOB = "convergence.seed"  # the seed's launch, added to a long run's contract as one more knob
 
 
 @dataclass(frozen=True)
@@ -122,3 +127,20 @@ def launch_command(contract, knobs: dict[str, str]) -> dict:
     argv, env = launch_settings(contract, knobs)
     shell = " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
     return {"argv": argv, "env": env, "shell": shell}
+
+
+def long_run(contract: Contract, candidate: Candidate, seed: int) -> tuple[Contract, Candidate]:
+    """The contract and candidate one of ``[numerics.convergence]``'s long runs launches: its
+    ``steps`` steps (the warm-up kept, the rest measured), the timeout scaled with the steps, and
+    the seed given the way the table says (as a knob of its own, after the contract's knobs)."""
+    conv = contract.convergence
+    timing = {**contract.timing.values, "measure_steps": conv.steps - contract.timing.warmup_steps}
+    task = {**contract.task.values, "timeout_s": contract.task.timeout_s * conv.steps / contract.total_steps}
+    long = dataclasses.replace(contract, timing=Section(timing), task=Section(task))
+    if conv.seed is None:
+        return long, candidate
+    knob = Knob(SEED_KNOB, tuple(str(s) for s in range(conv.seeds)), "0", launch=conv.seed)
+    return (
+        dataclasses.replace(long, knobs={**contract.knobs, SEED_KNOB: knob}),
+        Candidate({**candidate.knobs, SEED_KNOB: str(seed)}, candidate.patches),
+    )

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infrarsi.contract._convergence import Convergence, parse_convergence, take_convergence
 from infrarsi.contract._crosschecks import check_executor, check_search
 from infrarsi.contract._globs import check_glob, matches
 from infrarsi.contract._launch import KnobLaunch, parse_launch, shown_value as _show
 from infrarsi.contract._launcher import check_launcher, ranks
-from infrarsi.contract._schema import KNOB_FIELDS, LOG_FIELDS, PATCH_FIELDS, SECTIONS, Field
+from infrarsi.contract._logpatterns import log_patterns_of
+from infrarsi.contract._schema import CONVERGENCE_FIELDS, KNOB_FIELDS, PATCH_FIELDS, SECTIONS, Field
 from infrarsi.errors import ContractError
 
 __all__ = ["Contract", "Knob", "PatchSpec", "load_contract", "parse_contract", "DEFAULT_CONTRACT"]
@@ -77,6 +79,7 @@ class Contract:
     knobs: dict[str, Knob] = field(default_factory=dict)
     patches: tuple[PatchSpec, ...] = ()
     log_patterns: dict[str, str] | None = None
+    convergence: Convergence | None = None  # [numerics.convergence], where the contract has it
 
     @property
     def workspace(self) -> Path:
@@ -241,6 +244,7 @@ class _Parser:
         for required in ("task", "resources"):
             if required not in data:
                 raise ContractError(self.file, f"[{required}]", "missing required section")
+        data, long_runs = take_convergence(data)
         sections = {name: Section(self.section(name, data.get(name, {}), fields)) for name, fields in SECTIONS.items()}
         self.check_task(sections["task"])
         self.check_scope(sections["scope"])
@@ -248,7 +252,13 @@ class _Parser:
         check_executor(sections["executor"], self.fail)
         knobs = self.knobs(data.get("knobs", {}))
         patches = self.patches(data.get("patches", []))
-        log_patterns = self.evidence(data.get("evidence"), sections["task"].evidence)
+        log_patterns = log_patterns_of(
+            data.get("evidence"), sections["task"].evidence, self.file, self.section, self.fail
+        )
+        convergence = None
+        if long_runs is not None:
+            values, timing = self.section("numerics.convergence", long_runs, CONVERGENCE_FIELDS), sections["timing"]
+            convergence = parse_convergence(values, timing.warmup_steps + timing.measure_steps, knobs, self.fail)
         return Contract(
             path=self.path,
             text=self.text,
@@ -256,6 +266,7 @@ class _Parser:
             knobs=knobs,
             patches=patches,
             log_patterns=log_patterns,
+            convergence=convergence,
             **sections,
         )
 
@@ -356,36 +367,6 @@ class _Parser:
                 )
             specs.append(PatchSpec(values["name"], values["file"], path))
         return tuple(specs)
-
-    def evidence(self, raw: Any, kind: str) -> dict[str, str] | None:
-        if raw is None:
-            if kind == "log":
-                raise ContractError(
-                    self.file,
-                    "[evidence.log]",
-                    'evidence = "log" needs an [evidence.log] table with at least a `step` regex',
-                )
-            return None
-        if not isinstance(raw, dict) or set(raw) - {"log"}:
-            self.fail(None, "evidence", "expected only the table [evidence.log]")
-        if kind != "log":
-            self.fail(
-                "evidence.log", None, f'[evidence.log] is only used with evidence = "log" (task.evidence is {kind!r})'
-            )
-        values = self.section("evidence.log", raw.get("log", {}), LOG_FIELDS)
-        patterns = {k: v for k, v in values.items() if v is not None}
-        for key, pattern in patterns.items():
-            try:
-                compiled = re.compile(pattern)
-            except re.error as exc:
-                self.fail("evidence.log", key, f"expected a regular expression, got {pattern!r}: {exc}")
-            if compiled.groups != 1:
-                self.fail(
-                    "evidence.log",
-                    key,
-                    f"expected a regex with exactly one capture group, got {compiled.groups} in {pattern!r}",
-                )
-        return patterns
 
 
 def parse_contract(text: str, path: str | Path, check_files: bool = True) -> Contract:

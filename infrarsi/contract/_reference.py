@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infrarsi.contract._schema import KNOB_FIELDS, LOG_FIELDS, PATCH_FIELDS, SECTIONS, Field
+from infrarsi.contract._schema import CONVERGENCE_FIELDS, KNOB_FIELDS, LOG_FIELDS, PATCH_FIELDS, SECTIONS, Field
 
 __all__ = ["contract_reference"]
 
@@ -116,6 +116,14 @@ def contract_reference() -> str:
     ]
     for name, fields in SECTIONS.items():
         lines += _table(f"[{name}]", fields)
+        if name == "numerics":
+            lines += _table("[numerics.convergence]", CONVERGENCE_FIELDS)
+            lines += [
+                "Optional. With it, `verify` (and the search's promotions) train the baseline and the candidate",
+                "for `steps` steps under each seed once the short-window checks and the A/B have passed, and",
+                "`numerics.convergence` becomes a required check (docs/verification.md says what it shows).",
+                "",
+            ]
     lines += _table("[knobs.NAME]", KNOB_FIELDS)
     lines += _KNOB_FORMS
     lines += _table("[[patches]]", PATCH_FIELDS)
@@ -133,6 +141,9 @@ def contract_reference() -> str:
         "- Globs are workspace-relative: no leading `/`, no `..`.",
         "- Patch files must exist in the workspace; patch names are unique.",
         '- `evidence = "auto"` needs `command = ["python", "SCRIPT", ...]`.',
+        "- `[numerics.convergence]`: `steps` is more than `warmup_steps + measure_steps`, `tail` at most 1",
+        "  and at least 2 steps; at most one of `seed_flag` / `seed_override` / `seed_env`, setting an",
+        "  argument or variable no knob sets.",
         "",
     ]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ __all__ = [
     "KNOB_FIELDS",
     "PATCH_FIELDS",
     "LOG_FIELDS",
+    "CONVERGENCE_FIELDS",
     "REQUIRED",
     "PRECISIONS",
     "REQUIRABLE",
@@ -257,6 +258,43 @@ KNOB_FIELDS: tuple[Field, ...] = (
 PATCH_FIELDS: tuple[Field, ...] = (
     Field("name", "str", REQUIRED, "the name used by --patch and in outputs"),
     Field("file", "str", REQUIRED, "a unified diff, relative to the workspace"),
+)
+
+CONVERGENCE_FIELDS: tuple[Field, ...] = (
+    Field(
+        "steps",
+        "int",
+        REQUIRED,
+        "steps of each long run (more than warmup_steps + measure_steps; 10x to 50x the window is typical)",
+        minimum=2,
+    ),
+    Field("seeds", "int", 3, "long runs of each of the baseline and the candidate, one per seed 0, 1, ...", minimum=2),
+    Field("seed_flag", "str", None, "a flag the seed is given with: `FLAG SEED` (for example `--seed`)"),
+    Field("seed_override", "str", None, "a bare `KEY=SEED` argument (Hydra's `seed`)"),
+    Field(
+        "seed_env",
+        "str",
+        None,
+        "an environment variable set to the seed; with no seed key at all, every run of an arm is the same "
+        "launch and the spread is the job's own nondeterminism",
+    ),
+    Field(
+        "margin",
+        "float",
+        None,
+        "the equivalence margin on the loss averaged over the tail, relative to the baseline's; unset, the "
+        "baseline's seed-to-seed standard deviation there (never below loss_rtol)",
+        minimum=0,
+        exclusive_minimum=True,
+    ),
+    Field(
+        "tail",
+        "float",
+        0.2,
+        "the final fraction of each long run whose loss is averaged for the equivalence test (at most 1)",
+        minimum=0,
+        exclusive_minimum=True,
+    ),
 )
 
 LOG_FIELDS: tuple[Field, ...] = (

@@ -16,6 +16,7 @@ __all__ = [
     "SearchState",
     "SearchOutcome",
     "promotion_cost",
+    "long_runs",
     "exploration_budget",
     "INTERRUPTED",
     "NOT_THE_CANDIDATES",
@@ -34,13 +35,19 @@ MEMORY_MARGIN = 0.10
 PRIOR_WEIGHT = 0.3  # one pack run counts for this fraction of one of our own
 
 
-def promotion_cost(ab_pairs: int) -> int:
-    """Executions one `verify` of ``ab_pairs`` A/B pairs takes: the candidate run, then the pairs."""
-    return 1 + 2 * ab_pairs
+def promotion_cost(ab_pairs: int, long_runs: int = 0) -> int:
+    """Executions one `verify` of ``ab_pairs`` A/B pairs takes: the candidate run, then the pairs,
+    then ``[numerics.convergence]``'s ``long_runs`` (2 x seeds; 0 without the table)."""
+    return 1 + 2 * ab_pairs + long_runs
+
+
+def long_runs(contract) -> int:
+    """The long runs each promotion's verify takes (``[numerics.convergence]``: 2 x seeds), else 0."""
+    return contract.convergence.runs if contract.convergence is not None else 0
 
 
 def exploration_budget(
-    budget: int, promote_top: int, ab_pairs: int, ab_max_pairs: int | None = None
+    budget: int, promote_top: int, ab_pairs: int, ab_max_pairs: int | None = None, long_runs: int = 0
 ) -> tuple[int, int]:
     """(exploration executions, promotions planned) for a total budget.
 
@@ -48,13 +55,15 @@ def exploration_budget(
     first may take its sequential A/B's extra pairs (to ``ab_max_pairs``), as far as half the
     budget allows; each later one is reserved at its first look (``ab_pairs``).
     """
-    cost = promotion_cost(ab_pairs)
+    cost = promotion_cost(ab_pairs, long_runs)
     if budget < cost + 1:
         raise UsageError(
-            f"--budget {budget}: too small; one promotion (`verify` with {ab_pairs} A/B pairs) "
+            f"--budget {budget}: too small; one promotion (`verify` with {ab_pairs} A/B pairs"
+            + (f" and {long_runs} long runs" if long_runs else "")
+            + ") "
             f"takes {cost} executions, plus at least one exploration run"
         )
-    first = min(promotion_cost(max(ab_pairs, ab_max_pairs or ab_pairs)), max(cost, budget // 2))
+    first = min(promotion_cost(max(ab_pairs, ab_max_pairs or ab_pairs), long_runs), max(cost, budget // 2))
     planned = min(promote_top, 1 + max(0, (budget // 2 - first) // cost))
     return budget - first - (planned - 1) * cost, planned
 

@@ -1,0 +1,82 @@
+"""``numerics.convergence`` on real TinyGPT runs: `examples/tinygpt/long.toml` trains the baseline and
+the candidate 150 steps under seeds 0 and 1. An honest speed patch is accepted with a receipt that
+says how far the claim goes; a learning-rate schedule that starts at step 40 (tests/cheats/late/)
+passes every short-window check and is caught there, with the step where the curves part; the
+audit re-judges both from the ledger alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from corpus_labels import HERE, TINYGPT
+
+CLI = [sys.executable, "-m", "infrarsi.cli"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def long_workspace(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("long") / "tinygpt"
+    shutil.copytree(TINYGPT, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
+    shutil.copy(HERE / "late" / "late-lr-decay.diff", folder / "patches" / "late-lr-decay.diff")
+    contract = folder / "long.toml"
+    text = contract.read_text()
+    # Run beside other tests: the A/B's baseline arm may wander further from the stored baseline.
+    text = text.replace("min_speedup  = 1.02", "min_speedup  = 1.02\ndrift_tolerance = 0.5")
+    text += '\n[[patches]]\nname = "late-lr-decay"\nfile = "patches/late-lr-decay.diff"\n'
+    contract.write_text(text)
+    for args in (("init",), ("baseline", "--runs", "2")):
+        proc = _cli(*args, "--contract", str(contract))
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    return contract
+
+
+def _checks(out: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in out["checks"]}
+
+
+def test_an_honest_patch_is_accepted_with_the_convergence_claim_in_its_receipt(long_workspace):
+    proc = _cli(
+        "verify", "--contract", str(long_workspace), "--patch", "batched-heads", "--set", "attention=sdpa", "--json"
+    )
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["accepted"], json.dumps(out["checks"], indent=1)
+    conv = _checks(out)["numerics.convergence"]
+    assert conv["status"] == "pass" and conv["detail"].startswith("2 seeds x 150 steps: equivalent")
+
+    receipt = json.loads(Path(out["receipt"]).read_text())["receipt"]
+    assert "numerics.convergence" in receipt["required_checks"]
+    claim = receipt["convergence"]
+    assert claim["steps"] == 150 and claim["seeds"] == 2 and claim["tail_steps"] == 30
+    assert -claim["margin"] < claim["ci90"][0] <= claim["ci90"][1] < claim["margin"]
+    # 1 candidate run + the A/B's pairs + 2 seeds x (baseline, candidate) long runs, all cited
+    assert len(receipt["executions"]) == 1 + 2 * len(receipt["ab"]["baseline_s"]) + 4
+
+
+def test_a_schedule_change_past_the_window_passes_the_short_checks_and_fails_convergence(long_workspace):
+    proc = _cli("verify", "--contract", str(long_workspace), "--patch", "late-lr-decay", "--pairs", "0", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    checks = _checks(json.loads(proc.stdout))
+    short = ("numerics.loss", "numerics.grad_norm", "numerics.precision", "timing.window", "integrity.protected")
+    assert all(checks[cid]["status"] == "pass" for cid in short), {cid: checks[cid] for cid in short}
+    conv = checks["numerics.convergence"]
+    assert conv["status"] == "fail", conv
+    assert "trains measurably worse" in conv["detail"], conv["detail"]
+    parted = int(conv["detail"].rsplit("the curves part at step ", 1)[1])
+    assert 40 < parted <= 150  # the schedule first differs after step 40; the window is 20 steps
+
+    ledger = long_workspace.parent / ".infrarsi" / "contracts" / "long" / "ledger.db"
+    audit = _cli("audit", str(ledger), "--json")
+    report = json.loads(audit.stdout)
+    assert audit.returncode == 0 and report["chain_ok"] and not report["findings"], audit.stdout[-3000:]
+    # Re-judged from the stored long runs: the honest verify's pass (when it ran first) and this fail.
+    # (each long run's own numerics.convergence only says it has a loss at every step: never `fail`)
+    assert report["by_check"]["numerics.convergence"].get("fail", 0) == 1
