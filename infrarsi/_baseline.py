@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from infrarsi._calibrate import PERTURBATIONS, calibrate as measure_calibration, wants_calibration
 from infrarsi._peaks import IMPLAUSIBLE_MFU, peak_for, training_precision
 from infrarsi._selfcheck import self_check
 from infrarsi._workspace import open_workspace
@@ -42,6 +43,9 @@ class BaselineSummary:
     # A job of several ranks: each rank's reference (trajectories, observed steps, tokens per step),
     # in rank order; ``reference`` is then rank 0's and ``reference_spread`` the largest over ranks.
     reference_ranks: list[dict] | None = None
+    # `baseline --calibrate` (or a contract that says "calibrated"): the tolerances measured from the
+    # job's own noise, with the perturbations behind them (infrarsi/_calibrate.py)
+    calibration: dict | None = None
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -53,12 +57,19 @@ class BaselineSummary:
             "mfu": self.mfu,
             "mfu_peak": self.mfu_peak,
             "mfu_warning": self.mfu_warning,
+            **({"calibration": _shown_calibration(self.calibration)} if self.calibration else {}),
         }
 
     def as_record(self) -> dict:
         # step_clock: which clock the step times came from; a baseline stored before the runner's
         # clock took over ("probe" regions) is not compared with a later A/B's baseline arm.
         return {**asdict(self), "step_clock": "runner"}
+
+
+def _shown_calibration(calibration: dict) -> dict:
+    """What `baseline --json` shows of a calibration: the proposals and what they rest on."""
+    keys = ("loss_rtol", "grad_norm_rtol", "margin", "observed", "factor", "floor", "perturbations")
+    return {key: calibration.get(key) for key in keys if key in calibration}
 
 
 def _median_trajectory(trajectories: list[list[float | None]]) -> tuple[list[float | None], float | None]:
@@ -249,6 +260,7 @@ def baseline(
     runs: int = 5,
     progress: Callable[[int, int, ExecutionResult], None] | None = None,
     force: bool = False,
+    calibrate: bool = False,
 ) -> BaselineSummary:
     """Run the original setup ``runs`` times, then once observed at every step; record every run, store the summary.
 
@@ -259,6 +271,10 @@ def baseline(
     The summary is then judged against the contract (`infrarsi._selfcheck`): with a problem
     that would fail every candidate, it is not stored and ``BaselineRejected`` says what to
     change, unless ``force``, which stores it with the problems in ``self_check``.
+
+    ``calibrate`` (and a contract that says ``"calibrated"`` for a tolerance) then runs the
+    original setup under perturbations that must not change the job, and stores the tolerances
+    they call for with the summary (`infrarsi._calibrate`); the self-check judges with them.
     """
     if runs < 1:
         from infrarsi.errors import UsageError
@@ -269,7 +285,9 @@ def baseline(
         batch = uuid.uuid4().hex
         results, executions = [], []
         observed = ws.contract.task.evidence != "log"
-        planned = runs + observed
+        calibrating = calibrate or wants_calibration(ws.contract)
+        conv = ws.contract.convergence
+        planned = runs + observed + (len(PERTURBATIONS) + (conv.seeds if conv else 0) if calibrating else 0)
         if progress:
             progress(0, planned, None)
         for seq in range(runs):
@@ -319,6 +337,16 @@ def baseline(
                 reference_execution=execution,
                 reference_ranks=ranks or None,
             )
+        if calibrating:
+            done = runs + observed
+
+            def tick(result, planned=planned):
+                nonlocal done
+                done += 1
+                if progress:
+                    progress(done, planned, result)
+
+            summary = replace(summary, calibration=measure_calibration(ws, summary, batch, runs + observed, tick))
         observed_grads = [observed_reference(_rank_lines(r, 0)) for r in results] if observed else []
         checked = self_check(summary, results, ws.contract, observed_grads)
         checked.forced = force and not checked.ok

@@ -14,7 +14,7 @@ from infrarsi.contract import Candidate, long_run
 from infrarsi.errors import ExecutionInterrupted
 from infrarsi.verifiers import CheckResult, RunEvidence, check_convergence, judge_long_run, receipt_lines, run_losses
 
-__all__ = ["LONG_KINDS", "convergence_check"]
+__all__ = ["LONG_KINDS", "convergence_check", "calibrated_margin", "margin_source"]
 
 LONG_KINDS = {"baseline": "long-baseline", "candidate": "long-candidate"}
 CHECK = "numerics.convergence"
@@ -57,4 +57,23 @@ def convergence_check(verification, rules) -> CheckResult:
                 return CheckResult(CHECK, failing, f"{role}: {first.id} {first.status}: {first.detail}")
             verification._record(result, kind, judged)
             curves[name].append(run_losses(run, conv.steps))
-    return check_convergence(curves["baseline"], curves["candidate"], conv.tail, rules.loss_rtol, conv.margin)
+    margin = calibrated_margin(conv.margin, verification.summary.get("calibration"))
+    return check_convergence(
+        curves["baseline"], curves["candidate"], conv.tail, rules.loss_rtol, margin, margin_source(conv.margin)
+    )
+
+
+def margin_source(margin) -> str:
+    """How the detail names where a margin came from."""
+    return (
+        "the calibrated margin (the seeds' spread at `baseline`)" if margin == "calibrated" else "the contract's margin"
+    )
+
+
+def calibrated_margin(margin, calibration: dict | None) -> float | None:
+    """The table's margin as a number: itself, the calibration's for ``"calibrated"``, or None (the
+    seeds' spread at verify time) where the calibration found none."""
+    if margin != "calibrated":
+        return margin
+    found = (calibration or {}).get("margin")
+    return float(found) if isinstance(found, (int, float)) and not isinstance(found, bool) and found > 0 else None

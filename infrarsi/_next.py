@@ -113,6 +113,10 @@ def _speedup(check: CheckResult, contract: Contract, knobs: dict, patches: list[
     )
 
 
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else f"{value!r}"
+
+
 def _trajectory(check: CheckResult, contract: Contract) -> str:
     key = check.id.split(".", 1)[1]
     rtol_key = "loss_rtol" if key == "loss" else "grad_norm_rtol"
@@ -126,12 +130,12 @@ def _trajectory(check: CheckResult, contract: Contract) -> str:
     if {"step", "value", "baseline", "rel"} <= set(ev):
         return (
             f"step {ev['step']}: {key} {ev['value']:.6g} against the baseline's {ev['baseline']:.6g}, "
-            f"{ev['rel']:.2e} apart, over [numerics] {rtol_key} = {rtol:g}: the candidate trains a different "
+            f"{ev['rel']:.2e} apart, over [numerics] {rtol_key} = {_shown(rtol)}: the candidate trains a different "
             f"job; find what changed the math, or, if this difference is acceptable, raise {rtol_key} above "
             f"{ev['rel']:.2e} in {contract.path.name}"
         )
     return (
-        f"every step must log a finite {key} within [numerics] {rtol_key} = {rtol:g} of the baseline's: "
+        f"every step must log a finite {key} within [numerics] {rtol_key} = {_shown(rtol)} of the baseline's: "
         "the detail names the step that did not"
     )
 

@@ -26,7 +26,8 @@ def _convergence(checks) -> dict | None:
     if not evidence:
         return None
     keys = ("steps", "seeds", "tail_steps", "margin", "margin_from", "difference", "ci90", "max_gap", "max_gap_step")
-    return {key: evidence.get(key) for key in keys}
+    # with the smoothed curves (thinned; the seeds' band) the report plots
+    return {key: evidence.get(key) for key in (*keys, "curves")}
 
 
 def write_receipt(

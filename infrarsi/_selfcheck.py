@@ -23,6 +23,7 @@ from infrarsi.verifiers import (
     compare_param_grads,
     judge_run,
     receipt_lines,
+    resolve_tolerance,
 )
 
 __all__ = ["Problem", "SelfCheck", "self_check", "tolerance_that_holds"]
@@ -147,9 +148,11 @@ def _trajectory_problems(summary, contract) -> list[Problem]:
     problems = []
     spread = summary.reference_spread or {}
     numerics = contract.numerics
+    calibration = getattr(summary, "calibration", None)
     for need, rtol, what in (("loss", numerics.loss_rtol, "loss"), ("grad_norm", numerics.grad_norm_rtol, "grad-norm")):
+        rtol = resolve_tolerance(rtol, f"{need}_rtol", calibration)
         value = spread.get(need)
-        if value is None or need not in numerics.require or value <= float(rtol):
+        if value is None or rtol is None or need not in numerics.require or value <= rtol:
             continue
         key = "[numerics] loss_rtol" if need == "loss" else "[numerics] grad_norm_rtol"
         problems.append(_spread_problem(f"numerics.{need}", key, float(rtol), value, what))
@@ -171,8 +174,8 @@ def _grads_hold(observed: list[dict], reference: dict, rtol: float) -> bool:
 
 
 def _param_grad_problem(summary, contract, observed: list[dict]) -> Problem | None:
-    rtol = float(contract.numerics.grad_norm_rtol)
-    if "grad_norm" not in contract.numerics.require or _grads_hold(observed, summary.reference, rtol):
+    rtol = resolve_tolerance(contract.numerics.grad_norm_rtol, "grad_norm_rtol", getattr(summary, "calibration", None))
+    if rtol is None or "grad_norm" not in contract.numerics.require or _grads_hold(observed, summary.reference, rtol):
         return None
     key = "[numerics] grad_norm_rtol"
     for tolerance in (tolerance_that_holds(rtol * f / 2) for f in (2, 5, 10, 20, 50, 100, 200, 500, 1000)):
@@ -201,7 +204,7 @@ def self_check(summary, results: list[ExecutionResult], contract, observed: list
     Required checks that fail or lack evidence are problems; others are notes, as is a missing
     token count (tokens/s and MFU are lost, not the verification).
     """
-    rules = Rules.from_contract(contract)
+    rules = Rules.from_contract(contract, getattr(summary, "calibration", None))
     # Tolerances are judged on the spread across runs below, not per run against their own median.
     structural = replace(rules, loss_rtol=1e9, grad_norm_rtol=1e9)
     reference = BaselineReference.from_summary(summary.as_record())

@@ -42,7 +42,7 @@ from infrarsi.verifiers import (
     run_looks,
 )
 
-__all__ = ["VerifyOutcome", "Verification", "verify", "stored_step_time"]
+__all__ = ["VerifyOutcome", "Verification", "verify", "stored_step_time", "rules_for"]
 
 
 @dataclass
@@ -77,6 +77,19 @@ def stored_step_time(summary: dict) -> tuple[float, float | None] | None:
     if summary.get("step_clock") != "runner" or not isinstance(step.get("median"), (int, float)):
         return None
     return float(step["median"]), step.get("cv")
+
+
+def rules_for(contract, summary: dict) -> Rules:
+    """The contract's rules, a ``"calibrated"`` tolerance taken from the stored baseline's calibration;
+    a UsageError (exit 2) where the contract asks for one and the baseline holds none."""
+    rules = Rules.from_contract(contract, summary.get("calibration"))
+    missing = [key for key in ("loss_rtol", "grad_norm_rtol") if getattr(rules, key) is None]
+    if missing:
+        raise UsageError(
+            f'{contract.path}: [numerics] {" and ".join(missing)} = "calibrated", and the stored baseline holds '
+            "no calibration; run `infrarsi baseline --calibrate` (or give a number)"
+        )
+    return rules
 
 
 def _status_check(result: ExecutionResult, role: str) -> CheckResult | None:
@@ -238,7 +251,7 @@ class Verification:
             self._record(result, self.kind, checks)
             return self._finish(_skipped_rest(checks, "not reached: an earlier check failed", self.required))
 
-        rules = Rules.from_contract(contract)
+        rules = rules_for(contract, self.summary)
         reference = BaselineReference.from_summary(self.summary)
         with self._hold():
             result, run_checks = self._run_judged(

@@ -55,6 +55,7 @@ from typing import Any
 from infrarsi.probe import (
     AUTOPROBE_ENV,
     PARAM_REFRESH,
+    RECEIPTS_ENV,
     AutocastSpy,
     dtype_name,
     from_env,
@@ -494,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.argv = [script, *args[1:]]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    if os.environ.get(RECEIPTS_ENV):
+        import torch  # noqa: F401  (before from_env: it sets torch's deterministic mode when a calibration asks)
     probe = from_env()
     auto = None
     if probe.enabled:

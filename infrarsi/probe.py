@@ -58,6 +58,7 @@ __all__ = [
 RECEIPTS_ENV = "INFRARSI_RECEIPTS"
 STEPS_ENV = "INFRARSI_STEPS"
 AUTOPROBE_ENV = "INFRARSI_AUTOPROBE"  # set by infrarsi.autoprobe while it records the steps
+DETERMINISTIC_ENV = "INFRARSI_DETERMINISTIC"  # set by a calibration run: deterministic kernels
 SAMPLE_ENV = "INFRARSI_SAMPLE"  # the runner's sampled steps ("3,17" or "all"): operator dtypes, per-parameter grads
 RECEIPT_VERSION = 1
 PARAM_REFRESH = 8
@@ -852,6 +853,17 @@ def _as_float(value: Any) -> float | None:
     return float(value)
 
 
+def _deterministic_if_asked() -> None:
+    """``$INFRARSI_DETERMINISTIC=1`` (a calibration run, `infrarsi baseline --calibrate`): torch's
+    deterministic kernels where it has them (``warn_only``: an operator without one keeps its own)."""
+    if os.environ.pop(DETERMINISTIC_ENV, None) != "1":
+        return
+    torch = _torch()
+    if torch is not None:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def from_env() -> NullProbe:
     """A :class:`Probe` writing to ``$INFRARSI_RECEIPTS``, or a no-op recorder.
 
@@ -859,6 +871,7 @@ def from_env() -> NullProbe:
     script makes itself stays silent (it still tells the script the step count).
     """
     sample = _take_sample_plan()
+    _deterministic_if_asked()
     path = os.environ.get(RECEIPTS_ENV)
     if not path:
         return NullProbe()

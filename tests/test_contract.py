@@ -330,6 +330,22 @@ def test_convergence_errors_name_the_key(workspace, old, new, key, words):
     assert key in str(err.value) and words in str(err.value), str(err.value)
 
 
+def test_a_tolerance_may_be_calibrated_and_verify_needs_the_calibration(workspace):
+    from infrarsi._verify import rules_for
+    from infrarsi.errors import UsageError
+
+    text = GOOD.replace("loss_rtol = 1e-3", 'loss_rtol = "calibrated"')
+    contract = load_contract(write(workspace, text))
+    assert contract.numerics.loss_rtol == "calibrated" and contract.numerics.grad_norm_rtol == 1e-2
+    with pytest.raises(UsageError, match="no calibration; run `infrarsi baseline --calibrate`"):
+        rules_for(contract, {"step_time_s": {}})
+    rules = rules_for(contract, {"calibration": {"loss_rtol": 2e-5, "grad_norm_rtol": 5e-5}})
+    assert (rules.loss_rtol, rules.grad_norm_rtol) == (2e-5, 1e-2)  # only what the contract calls calibrated
+    for bad in ('"calibrate"', "-1", '"1e-3"'):
+        with pytest.raises(ContractError, match='numerics.loss_rtol: expected a finite number or "calibrated"|> 0'):
+            load_contract(write(workspace, GOOD.replace("loss_rtol = 1e-3", f"loss_rtol = {bad}")))
+
+
 def test_contract_reference_is_generated_from_the_schema():
     from pathlib import Path
 

@@ -11,7 +11,7 @@ from ._evidence import (
     steps_from_lines,
 )
 from ._integrity import check_containment, check_manifest, check_run_integrity
-from ._judge import RULE_VERSION, Rules, combine_ranks, judge_run
+from ._judge import RULE_VERSION, UNCALIBRATED, Rules, combine_ranks, judge_run, resolve_tolerance
 from ._numerics import check_trajectory, compare_param_grads
 from ._precision import check_precision, observed_precisions
 from ._result import FAMILIES, STATUSES, CheckResult
@@ -53,6 +53,8 @@ __all__ = [
     "Rules",
     "judge_run",
     "combine_ranks",
+    "resolve_tolerance",
+    "UNCALIBRATED",
     "check_precision",
     "check_trajectory",
     "compare_param_grads",

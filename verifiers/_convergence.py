@@ -110,6 +110,7 @@ def check_convergence(
     tail: float,
     loss_rtol: float,
     margin: float | None = None,
+    margin_from: str = "the contract's margin",
 ) -> CheckResult:
     """Judge paired long runs (``baseline[s]`` and ``candidate[s]`` under seed s, a loss per step)."""
     seeds, steps = len(baseline), len(baseline[0]) if baseline else 0
@@ -126,7 +127,7 @@ def check_convergence(
     level = abs(statistics.fmean(base_tail))
     spread = statistics.stdev(base_tail)
     if margin is not None:
-        bound, source = margin * level, f"the contract's margin ({margin:g} of the tail loss)"
+        bound, source = margin * level, f"{margin_from} ({margin:.3g} of the tail loss)"
     elif spread >= loss_rtol * level:
         bound, source = spread, "the baseline's seed-to-seed spread (1 SD of the tail loss)"
     else:

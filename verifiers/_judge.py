@@ -11,7 +11,7 @@ from ._precision import check_precision
 from ._result import CheckResult
 from ._timing import check_clock, check_window
 
-__all__ = ["Rules", "judge_run", "combine_ranks", "RULE_VERSION"]
+__all__ = ["Rules", "judge_run", "combine_ranks", "resolve_tolerance", "RULE_VERSION", "UNCALIBRATED"]
 
 # Bumped whenever a verifier's judgement can change for the same evidence; stored with
 # every verdict so `infrarsi audit` can say which rule version gave it.
@@ -27,22 +27,38 @@ class Rules:
 
     warmup_steps: int
     measure_steps: int
-    loss_rtol: float
-    grad_norm_rtol: float
+    loss_rtol: float | None  # None: the contract says "calibrated" and no calibration is at hand
+    grad_norm_rtol: float | None
     precision: tuple[str, ...]
     require: tuple[str, ...]
 
     @classmethod
-    def from_contract(cls, contract) -> "Rules":
+    def from_contract(cls, contract, calibration: dict | None = None) -> "Rules":
+        """The contract's rules; a tolerance the contract calls ``"calibrated"`` is taken from
+        ``calibration`` (the stored baseline's, `infrarsi baseline --calibrate`)."""
         n = contract.numerics
         return cls(
             contract.timing.warmup_steps,
             contract.timing.measure_steps,
-            float(n.loss_rtol),
-            float(n.grad_norm_rtol),
+            resolve_tolerance(n.loss_rtol, "loss_rtol", calibration),
+            resolve_tolerance(n.grad_norm_rtol, "grad_norm_rtol", calibration),
             tuple(n.precision),
             tuple(n.require),
         )
+
+
+def resolve_tolerance(value, key: str, calibration: dict | None) -> float | None:
+    """A contract tolerance as a number: itself, or for ``"calibrated"`` the calibration's ``key``
+    (None where there is none)."""
+    if value != "calibrated":
+        return float(value)
+    found = (calibration or {}).get(key)
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not found > 0:
+        return None
+    return float(found)
+
+
+UNCALIBRATED = 'the contract says "calibrated" and the baseline holds no calibration (`infrarsi baseline --calibrate`)'
 
 
 def judge_run(run: RunEvidence, reference: BaselineReference, rules: Rules) -> list[CheckResult]:
@@ -63,8 +79,12 @@ def _judge_one(run: RunEvidence, reference: BaselineReference, rules: Rules) -> 
     return [
         check_window(run, rules.warmup_steps, rules.measure_steps, reference.tokens_per_step),
         check_clock(run, rules.warmup_steps, rules.measure_steps),
-        check_trajectory("loss", steps, reference, rules.loss_rtol, total, "loss" in rules.require),
-        check_grad_norm(steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require, run.sampled_steps),
+        check_trajectory("loss", steps, reference, rules.loss_rtol, total, "loss" in rules.require)
+        if rules.loss_rtol is not None
+        else CheckResult("numerics.loss", "unchecked", f"loss_rtol: {UNCALIBRATED}"),
+        check_grad_norm(steps, reference, rules.grad_norm_rtol, total, "grad_norm" in rules.require, run.sampled_steps)
+        if rules.grad_norm_rtol is not None
+        else CheckResult("numerics.grad_norm", "unchecked", f"grad_norm_rtol: {UNCALIBRATED}"),
         check_precision(steps, list(rules.precision), "precision" in rules.require, run.sampled_steps, reference),
     ]
 

@@ -6,10 +6,18 @@ from __future__ import annotations
 import json
 
 from infrarsi._audit._stored import Evidence, run_evidence
-from infrarsi._longruns import LONG_KINDS
+from infrarsi._longruns import LONG_KINDS, calibrated_margin, margin_source
 from infrarsi._verify import stored_step_time
 from infrarsi.contract import Contract
-from infrarsi.verifiers import CheckResult, check_convergence, check_speedup, run_losses, runner_step_time
+from infrarsi.verifiers import (
+    UNCALIBRATED,
+    CheckResult,
+    Rules,
+    check_convergence,
+    check_speedup,
+    run_losses,
+    runner_step_time,
+)
 
 __all__ = ["Batches"]
 
@@ -145,8 +153,13 @@ class Batches:
         if conv is None or bad is not None or len(base) < conv.seeds:
             why = bad or ("no [numerics.convergence] in the contract" if conv is None else "fewer long runs than seeds")
             return [(self.anchor, CheckResult("numerics.convergence", "unchecked", f"long runs: {why}"))]
-        loss_rtol = float(self.contract.numerics.loss_rtol)
-        return [(self.anchor, check_convergence(base, cand, conv.tail, loss_rtol, conv.margin))]
+        calibration = (self.ev.summary(self.ev.baseline_for(self.anchor_row)) or {}).get("calibration")
+        rules = Rules.from_contract(self.contract, calibration)
+        if rules.loss_rtol is None:
+            return [(self.anchor, CheckResult("numerics.convergence", "unchecked", f"loss_rtol: {UNCALIBRATED}"))]
+        margin = calibrated_margin(conv.margin, calibration)
+        judged = check_convergence(base, cand, conv.tail, rules.loss_rtol, margin, margin_source(conv.margin))
+        return [(self.anchor, judged)]
 
 
 def _plan(ev: Evidence, row: dict) -> dict:

@@ -107,22 +107,21 @@ def _judge(ev: Evidence, sources: SourceJudge, row: dict) -> list[CheckResult]:
     if isinstance(run, str):
         return checks + missing(RUN_IDS, run)
     reference = ev.reference(ev.baseline_for(row))
+    rules = Rules.from_contract(contract, (ev.summary(ev.baseline_for(row)) or {}).get("calibration"))
     if isinstance(reference, str):
-        judged = judge_run(
-            run, BaselineReference(loss=[], grad_norm=[], tokens_per_step=None), Rules.from_contract(contract)
-        )
+        judged = judge_run(run, BaselineReference(loss=[], grad_norm=[], tokens_per_step=None), rules)
         return checks + [
             c
             if not c.id.startswith("numerics.") or c.status == "skipped"
             else CheckResult(c.id, "unchecked", reference)
             for c in judged
         ]
-    if row.get("kind") in LONG_KINDS.values():
+    if row.get("kind") in (*LONG_KINDS.values(), "calibration-long"):
         # A long run under its own seed: judged on its own, the pairs by their batch (Batches).
         if contract.convergence is None:
             return checks + missing(RUN_IDS, "a long run, and its contract has no [numerics.convergence]")
-        return checks + judge_long_run(run, Rules.from_contract(contract), contract.convergence.steps)
-    return checks + judge_run(run, reference, Rules.from_contract(contract))
+        return checks + judge_long_run(run, rules, contract.convergence.steps)
+    return checks + judge_run(run, reference, rules)
 
 
 def _failing(checks: list[CheckResult]) -> list[CheckResult]:

@@ -72,7 +72,7 @@ class Evidence:
     def baseline_for(self, row: dict) -> int | None:
         if row.get("baseline_id") is not None:
             return row["baseline_id"]
-        if row.get("kind") == "baseline":
+        if row.get("kind") in ("baseline", "calibration", "calibration-long"):  # judged against their own batch's
             return next((i for i, batch, _ in self.baselines if batch == row.get("batch")), None)
         # Written before rows named their baseline: the newest one recorded before the row.
         earlier = [i for i, _, created in self.baselines if created <= row.get("created_at", "")]

@@ -160,7 +160,7 @@ def _promotions(doc: Document, data: ReportData) -> None:
 
 
 def _promotion(doc: Document, p: Promotion) -> None:
-    from infrarsi._report._plots import ab_looks_svg
+    from infrarsi._report._plots import ab_looks_svg, convergence_svg
 
     sp = p.speedup
     doc.heading(f"Receipt {p.receipt_id}: {sp['median']:.3f}x", 3)
@@ -186,6 +186,17 @@ def _promotion(doc: Document, p: Promotion) -> None:
         + (f"look ({len(looks)}, the last decided: {looks[-1]['decision']})." if looks else "look (one, at the end)."),
         ab_looks_svg(p.ab),
     )
+    claim = p.convergence
+    if claim and claim.get("curves"):
+        low, high = claim.get("ci90") or [float("nan")] * 2
+        doc.plot(
+            f"long-{p.receipt_id}.svg",
+            f"Long runs ({claim.get('seeds')} seeds x {claim.get('steps')} steps): the tails differ by "
+            f"{claim.get('difference', float('nan')):+.3g} (90% CI [{low:+.3g}, {high:+.3g}]) within a margin "
+            f"of ±{claim.get('margin', float('nan')):.3g}; the largest gap of the smoothed curves is "
+            f"{claim.get('max_gap', float('nan')):+.3g} at step {claim.get('max_gap_step')}.",
+            convergence_svg(claim),
+        )
     doc.para("Checks (a candidate is accepted only when every required one passes):")
     doc.table(["check", "status", "detail"], [[c.get("id"), c.get("status"), c.get("detail")] for c in p.checks])
     for patch in p.patches:

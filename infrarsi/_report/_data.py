@@ -47,6 +47,7 @@ class Promotion:
     mfu_after: float | None
     step_before_s: float | None
     step_after_s: float | None
+    convergence: dict | None = None  # the receipt's long-run claim, with its curves (numerics.convergence)
 
 
 @dataclass
@@ -187,6 +188,7 @@ def _promotion(ledger: Ledger, body: dict, receipt_id: str, baseline_knobs: dict
         mfu_after,
         before,
         after,
+        body.get("convergence") if isinstance(body.get("convergence"), dict) else None,
     )
 
 

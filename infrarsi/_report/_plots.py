@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 
-__all__ = ["best_so_far_svg", "memory_speed_svg", "ab_looks_svg"]
+__all__ = ["best_so_far_svg", "memory_speed_svg", "ab_looks_svg", "convergence_svg"]
 
 _STATUS_STYLE = {  # colour, marker: chosen to read in greyscale too
     "ok": ("#1b7837", "o"),
@@ -191,6 +191,30 @@ def ab_looks_svg(ab: dict) -> str:
     ax.set_ylabel("speedup (x)")
     ax.set_title("The A/B as its pairs accumulated")
     ax.xaxis.get_major_locator().set_params(integer=True)
+    _legend(ax)
+    ax.grid(alpha=0.3)
+    return _svg(plt, fig)
+
+
+def convergence_svg(claim: dict) -> str:
+    """A receipt's long runs: the baseline's and the candidate's smoothed loss over the steps, the
+    mean over seeds as a line and the band between the lowest and highest seed, and the tail compared."""
+    plt, fig, ax = _figure()
+    curves = claim.get("curves") or {}
+    for arm, colour in (("baseline", "#444444"), ("candidate", "#2166ac")):
+        curve = curves.get(arm) or {}
+        mean, low, high = curve.get("mean") or [], curve.get("low") or [], curve.get("high") or []
+        if low and high and len(low) == len(high):
+            ax.fill_between([p[0] for p in low], [p[1] for p in low], [p[1] for p in high], color=colour, alpha=0.2)
+        if mean:
+            label = f"{arm}: mean of {claim.get('seeds')} seeds, band lowest to highest"
+            ax.plot([p[0] for p in mean], [p[1] for p in mean], color=colour, linewidth=1.2, label=label)
+    steps, tail = claim.get("steps"), claim.get("tail_steps")
+    if isinstance(steps, int) and isinstance(tail, int):
+        ax.axvspan(steps - tail + 1, steps, color="#1b7837", alpha=0.08, label=f"tail compared (last {tail} steps)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (trailing mean)")
+    ax.set_title("Long runs: the candidate against the baseline")
     _legend(ax)
     ax.grid(alpha=0.3)
     return _svg(plt, fig)

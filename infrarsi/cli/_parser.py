@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="store the baseline even when its self-check finds problems (marked; candidates will fail)",
     )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="then run it under perturbations that must not change the job (threads, deterministic kernels; "
+        'seeds with [numerics.convergence]) and propose tolerances from its own noise (use them: "calibrated")',
+    )
 
     p = verbs.add_parser("run", help="one execution with knob settings and patches")
     _common(p)

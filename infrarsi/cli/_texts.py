@@ -41,6 +41,7 @@ def baseline_lines(summary, detectable: list[str] = ()) -> str:
         f"  MFU         {_mfu_line(summary)}",
         f"  reference   loss and grad-norm trajectories over {len(summary.reference['loss'])} steps stored",
         *detectable,
+        *_calibration_lines(summary.calibration),
     ]
     checked = summary.self_check or {}
     problems, notes = checked.get("problems") or [], checked.get("notes") or []
@@ -53,6 +54,31 @@ def baseline_lines(summary, detectable: list[str] = ()) -> str:
     lines += [f"    problem: {p['check']} [{p['key'] or 'the script'}]: {p['message']}" for p in problems]
     lines += [f"    note: {note}" for note in notes]
     return "\n".join(lines)
+
+
+def _calibration_lines(calibration: dict | None) -> list[str]:
+    """The calibration's proposals and the largest difference each rests on."""
+    if not calibration:
+        return []
+    seen = calibration.get("observed") or {}
+    lines = [
+        f"  calibrated  loss_rtol = {calibration['loss_rtol']:g} "
+        f"(largest difference seen {num(seen.get('loss'), '{:.2e}')}), "
+        f"grad_norm_rtol = {calibration['grad_norm_rtol']:g} (seen {num(seen.get('grad_norm'), '{:.2e}')} per step, "
+        f"{num(seen.get('param_grad_norms'), '{:.2e}')} per parameter); {calibration['factor']:g}x what was seen, "
+        f"at least {calibration['floor']:g}"
+    ]
+    if calibration.get("convergence"):
+        margin = calibration.get("margin")
+        lines.append(
+            "  calibrated  convergence margin = "
+            + (f"{margin:.3g} of the tail loss (the seeds' spread)" if margin else "none: the seeds did not spread")
+        )
+    for name, found in (calibration.get("perturbations") or {}).items():
+        if isinstance(found, dict) and found.get("skipped"):
+            lines.append(f"    note: calibration {name}: {found['skipped']}")
+    lines.append('    use them: loss_rtol = "calibrated" (and grad_norm_rtol, margin) in the contract')
+    return lines
 
 
 def _tokens_from(source: str | None) -> str:

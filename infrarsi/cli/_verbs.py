@@ -57,7 +57,13 @@ def _cmd_baseline(args) -> int:
     bar = progress_bar(args, "baseline")
     try:
         with bar or nullcontext():
-            summary = baseline(args.contract, runs=args.runs, progress=bar.update if bar else None, force=args.force)
+            summary = baseline(
+                args.contract,
+                runs=args.runs,
+                progress=bar.update if bar else None,
+                force=args.force,
+                calibrate=args.calibrate,
+            )
     except BaselineRejected as exc:
         print(f"infrarsi: {exc}", file=sys.stderr)
         if args.json:

@@ -16,12 +16,14 @@ from infrarsi.contract._candidate import (
 from infrarsi.contract._contract import DEFAULT_CONTRACT, Contract, Knob, PatchSpec, load_contract, parse_contract
 from infrarsi.contract._convergence import Convergence
 from infrarsi.contract._globs import check_glob, matches, matches_any
+from infrarsi.contract._launch import KnobLaunch
 from infrarsi.errors import ContractError
 
 __all__ = [
     "Contract",
     "ContractError",
     "Knob",
+    "KnobLaunch",
     "PatchSpec",
     "load_contract",
     "parse_contract",

@@ -174,10 +174,12 @@ class _Parser:
             if isinstance(raw, bool) or not isinstance(raw, int):
                 bad("an integer")
             value = raw
-        elif kind == "float":
+        elif kind == "float" or (kind == "tolerance" and raw != "calibrated"):
             if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-                bad("a finite number")
+                bad("a finite number" if kind == "float" else 'a finite number or "calibrated"')
             value = float(raw)
+        elif kind == "tolerance":
+            return "calibrated"
         elif kind in ("str_list", "choice_list"):
             if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
                 bad("a list of strings")

@@ -20,7 +20,7 @@ class Convergence:
 
     steps: int
     seeds: int
-    margin: float | None
+    margin: float | str | None  # a fraction of the tail loss, "calibrated", or None (the seeds' spread)
     tail: float
     seed: KnobLaunch | None
 

@@ -10,6 +10,7 @@ _KINDS = {
     "str": "string",
     "int": "integer",
     "float": "number",
+    "tolerance": 'number or "calibrated"',
     "str_list": "list of strings",
     "choice_list": "list of strings",
     "choice_values": "list of strings or integers",

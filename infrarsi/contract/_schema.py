@@ -37,7 +37,8 @@ PROPOSERS = ("contract", "catalog", "llm")
 
 @dataclass(frozen=True)
 class Field:
-    """One contract key. ``kind`` is one of str, int, float, str_list, choice_list."""
+    """One contract key. ``kind`` is one of str, int, float, tolerance (a float or "calibrated"),
+    str_list, choice_list, choice_values, choice_value, choice_launch."""
 
     name: str
     kind: str
@@ -109,17 +110,19 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
     "numerics": (
         Field(
             "loss_rtol",
-            "float",
+            "tolerance",
             1e-3,
-            "per-step relative tolerance of the loss against the baseline",
+            'per-step relative tolerance of the loss against the baseline; `"calibrated"`: the one '
+            "`infrarsi baseline --calibrate` measured from the job's own noise (stored with the baseline)",
             minimum=0,
             exclusive_minimum=True,
         ),
         Field(
             "grad_norm_rtol",
-            "float",
+            "tolerance",
             1e-2,
-            "per-step relative tolerance of the grad norm",
+            "per-step relative tolerance of the grad norm (and of each parameter's at the sampled steps); "
+            '`"calibrated"` as for loss_rtol',
             minimum=0,
             exclusive_minimum=True,
         ),
@@ -280,10 +283,11 @@ CONVERGENCE_FIELDS: tuple[Field, ...] = (
     ),
     Field(
         "margin",
-        "float",
+        "tolerance",
         None,
         "the equivalence margin on the loss averaged over the tail, relative to the baseline's; unset, the "
-        "baseline's seed-to-seed standard deviation there (never below loss_rtol)",
+        'baseline\'s seed-to-seed standard deviation there (never below loss_rtol); `"calibrated"`: the spread '
+        "`infrarsi baseline --calibrate` measured over the baseline's own long runs",
         minimum=0,
         exclusive_minimum=True,
     ),

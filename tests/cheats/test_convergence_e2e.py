@@ -31,6 +31,9 @@ def long_workspace(tmp_path_factory) -> Path:
     text = contract.read_text()
     # Run beside other tests: the A/B's baseline arm may wander further from the stored baseline.
     text = text.replace("min_speedup  = 1.02", "min_speedup  = 1.02\ndrift_tolerance = 0.5")
+    # The margin from `baseline`'s calibration: the baseline's own long runs under each seed.
+    text = text.replace("tail      = 0.2", 'tail      = 0.2\nmargin    = "calibrated"')
+    assert 'margin    = "calibrated"' in text
     text += '\n[[patches]]\nname = "late-lr-decay"\nfile = "patches/late-lr-decay.diff"\n'
     contract.write_text(text)
     for args in (("init",), ("baseline", "--runs", "2")):
@@ -51,6 +54,7 @@ def test_an_honest_patch_is_accepted_with_the_convergence_claim_in_its_receipt(l
     assert proc.returncode == 0 and out["accepted"], json.dumps(out["checks"], indent=1)
     conv = _checks(out)["numerics.convergence"]
     assert conv["status"] == "pass" and conv["detail"].startswith("2 seeds x 150 steps: equivalent")
+    assert "the calibrated margin" in conv["detail"], conv["detail"]
 
     receipt = json.loads(Path(out["receipt"]).read_text())["receipt"]
     assert "numerics.convergence" in receipt["required_checks"]
@@ -59,6 +63,15 @@ def test_an_honest_patch_is_accepted_with_the_convergence_claim_in_its_receipt(l
     assert -claim["margin"] < claim["ci90"][0] <= claim["ci90"][1] < claim["margin"]
     # 1 candidate run + the A/B's pairs + 2 seeds x (baseline, candidate) long runs, all cited
     assert len(receipt["executions"]) == 1 + 2 * len(receipt["ab"]["baseline_s"]) + 4
+
+    # The report plots the long runs' curves with their seed band, beside the A/B's looks.
+    out_dir = long_workspace.parent / "report"
+    proc = _cli("report", "--contract", str(long_workspace), "--out", str(out_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    html = next(out_dir.glob("*.html")).read_text()
+    rid = json.loads(Path(out["receipt"]).read_text())["id"]
+    assert "Long runs (2 seeds x 150 steps)" in html and html.count("<svg") >= 2
+    assert any(p.name == f"long-{rid}.svg" for p in out_dir.rglob("*.svg"))
 
 
 def test_a_schedule_change_past_the_window_passes_the_short_checks_and_fails_convergence(long_workspace):

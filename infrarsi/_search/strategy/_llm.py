@@ -150,7 +150,7 @@ def build_messages(context: ProposalContext, max_proposals: int) -> list[dict[st
             "Rules:",
             f"- Edit only these files: {', '.join(editable) or '(none)'}. Create, delete or rename no file.",
             "- Keep the training job identical: the same loss and grad-norm trajectory (within "
-            f"rtol {contract.numerics.loss_rtol:g} on the loss), the same data in the same order, the same precision "
+            f"rtol {contract.numerics.loss_rtol} on the loss), the same data in the same order, the same precision "
             f"({precision}), the same number of steps and the same tokens per step.",
             "- Do not touch timing or measurement, the probe (infrarsi.probe), receipts, the infrarsi contract, "
             f"or protected files ({protected}).",
