@@ -34,6 +34,7 @@ from pathlib import Path
 from infrarsi import probe
 
 here = Path(__file__).parent
+LATE_AFTER = 10  # a "late" change leaves the loss alone until this step
 spec = json.loads((here / "data" / "landscape.json").read_text())
 argv = sys.argv[1:]
 atoms = set()
@@ -67,17 +68,21 @@ for key, delta in spec["memory"].items():
 hoard = bytearray(int(max(mem_mb, 1) * 2 ** 20))
 for i in range(0, len(hoard), 4096):
     hoard[i] = 1
-shift = 1.0
+shift = late = 1.0
 for key, factor in spec.get("loss", {}).items():
     if applies(key):
         shift *= factor
+for key, factor in spec.get("late", {}).items():
+    if applies(key):
+        late *= factor
 p = probe.from_env()
 steps = p.total_steps or 6
 p.meta(flops_per_token=1000, atoms=sorted(atoms))
 for step in range(1, steps + 1):
     with p.step(step, tokens=64):
         time.sleep(step_ms * random.lognormvariate(0.0, spec["noise"]) / 1000)
-    p.log(step, loss=shift * 3.0 / (1 + 0.1 * step), grad_norm=1.0 + step / 50)
+    after = late if step > LATE_AFTER else 1.0
+    p.log(step, loss=shift * after * 3.0 / (1 + 0.1 * step), grad_norm=1.0 + step / 50)
 p.close()
 '''
 
@@ -85,7 +90,8 @@ p.close()
 @dataclass
 class Landscape:
     """``time``: atom set ("a" or "a&b") -> factor on the step time; ``memory``: -> MB added;
-    ``loss``: -> factor on the loss (a change that is not the same job); ``switches``: files a
+    ``loss``: -> factor on the loss (a change that is not the same job); ``late``: -> factor on the
+    loss after step 10 only (the same job over a short window, not after it); ``switches``: files a
     patch may turn on beyond the declared patches (for proposers that write their own)."""
 
     name: str
@@ -98,6 +104,7 @@ class Landscape:
     memory: dict[str, float] = field(default_factory=dict)
     crash: list[str] = field(default_factory=list)
     loss: dict[str, float] = field(default_factory=dict)
+    late: dict[str, float] = field(default_factory=dict)
     switches: list[str] = field(default_factory=list)
     noise: float = 0.02
     budget: int = 40
@@ -154,8 +161,10 @@ def make_workspace(
     starts: int = 4,
     proposers: tuple[str, ...] = ("contract",),
     extra_search: str = "",
+    convergence: str = "",
 ) -> Path:
-    """Write the landscape's workspace (job, switches, patches, contract) into ``folder``."""
+    """Write the landscape's workspace (job, switches, patches, contract) into ``folder``;
+    ``convergence``: the body of a ``[numerics.convergence]`` table (none where empty)."""
     root = Path(folder)
     (root / "data").mkdir(parents=True, exist_ok=True)
     (root / "switches").mkdir(exist_ok=True)
@@ -175,6 +184,7 @@ def make_workspace(
                 "memory": land.memory,
                 "crash": land.crash,
                 "loss": land.loss,
+                "late": land.late,
                 "noise": land.noise,
             },
             indent=1,
@@ -184,7 +194,8 @@ def make_workspace(
         f'[task]\nname = "{land.name}"\ncommand = ["python", "train.py"]\ntimeout_s = 60\n',
         '[scope]\neditable = ["switches/*.py"]\nprotected = ["data/**", "train.py"]\n',
         "[timing]\nwarmup_steps = 1\nmeasure_steps = 4\n",
-        '[numerics]\nrequire = ["loss", "grad_norm"]\n',
+        '[numerics]\nrequire = ["loss", "grad_norm"]\n'
+        + (f"[numerics.convergence]\n{convergence}\n" if convergence else ""),
         f"[resources]\nmemory_limit_mb = {land.limit_mb}\n",
     ]
     for name, spec in knobs.items():
