@@ -110,13 +110,18 @@ def main(argv: list[str] | None = None) -> int:
                 checks = {}
             failed = [cid for cid in NUMERICS if checks.get(cid, {}).get("status") in ("fail", "unchecked")]
             ran = all(cid in checks and checks[cid]["status"] != "skipped" for cid in NUMERICS)
+            window = (checks.get("timing.window") or {}).get("detail", "")
+            if not ran and "run is oom" in window:  # the memory cliff: no numerics to judge, not a failure of them
+                ran, failed = cand["honest"], failed
             ok = (ran and not failed) if cand["honest"] else bool(failed)
+            skipped = "" if ran else window or proc.stderr[-300:]
             rows.append(
                 {
                     "name": cand["name"],
                     "honest": cand["honest"],
                     "ok": ok,
                     "failed": failed,
+                    "not_run": skipped or None,
                     "loss": (checks.get("numerics.loss") or {}).get("detail", proc.stderr[-300:]),
                 }
             )
@@ -126,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                     if cand["honest"]
                     else ("caught by " + ", ".join(failed) if failed else "NOT CAUGHT")
                 )
+                if "run is oom" in window:
+                    verdict = "out of memory (the contract's memory cliff): no numerics to judge"
+                elif skipped:
+                    verdict = f"NOT JUDGED: {skipped[:200]}"
                 print(f"{'ok ' if ok else 'BAD'} {cand['name']:<40} {verdict}", flush=True)
     report = {
         "calibration": {k: calibration.get(k) for k in ("loss_rtol", "grad_norm_rtol", "observed")},

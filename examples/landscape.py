@@ -191,7 +191,8 @@ def make_workspace(
         )
     )
     lines = [
-        f'[task]\nname = "{land.name}"\ncommand = ["python", "train.py"]\ntimeout_s = 60\n',
+        # The job sleeps: runs side by side don't change each other's step time (search --workers).
+        f'[task]\nname = "{land.name}"\ncommand = ["python", "train.py"]\ntimeout_s = 60\ntiming_sensitive = false\n',
         '[scope]\neditable = ["switches/*.py"]\nprotected = ["data/**", "train.py"]\n',
         "[timing]\nwarmup_steps = 1\nmeasure_steps = 4\n",
         '[numerics]\nrequire = ["loss", "grad_norm"]\n'

@@ -225,22 +225,7 @@ class Verification:
         contract, ws = self.ws.contract, self.ws
         if self.progress:
             self.progress(0, self.total, None)
-        checks = check_scope(
-            {p.name: p.text for p in self.candidate.patches},
-            list(contract.scope.editable),
-            list(contract.protected_globs),
-        )
-        checks.append(
-            check_manifest(
-                ws.manifest.body,
-                ws.manifest.signature,
-                contract.sha256,
-                ws.ledger.public_key,
-                hash_protected(contract.workspace, contract.protected_globs),
-            )
-        )
-        if self.keep_going or not _failed(checks):
-            checks += self._audit()
+        checks = self.before_run()
         if _failed(checks) and not self.keep_going:
             result = ExecutionResult(
                 self.candidate,
@@ -299,6 +284,27 @@ class Verification:
             self.summary,
         )
         return self._finish(checks, speedup, receipt)
+
+    def before_run(self) -> list[CheckResult]:
+        """The checks that need no run: scope, the manifest, then (unless those failed) the audit."""
+        contract, ws = self.ws.contract, self.ws
+        checks = check_scope(
+            {p.name: p.text for p in self.candidate.patches},
+            list(contract.scope.editable),
+            list(contract.protected_globs),
+        )
+        checks.append(
+            check_manifest(
+                ws.manifest.body,
+                ws.manifest.signature,
+                contract.sha256,
+                ws.ledger.public_key,
+                hash_protected(contract.workspace, contract.protected_globs),
+            )
+        )
+        if self.keep_going or not _failed(checks):
+            checks += self._audit()
+        return checks
 
     def _hold(self):
         """The batch's runs on one allocation where the executor holds them (Slurm: the candidate

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from infrarsi._revision import check_baseline_current
 from infrarsi._search._exploring import Exploration
+from infrarsi._search._parallel import ParallelExploration, check_workers
 from infrarsi._search._promoting import Promotion
 from infrarsi._search._proposing import Proposals
 from infrarsi._search._resuming import Resumption
@@ -58,7 +59,9 @@ def _run(
     Resumption(session).replay()
     session.tick("explore")
     if meta.get("phase") != "promote":  # a resume after promotion began does not explore again
-        Exploration(session, pack).explore(exploration)
+        workers = int(meta.get("workers") or 1)
+        explorer = ParallelExploration(session, pack, workers) if workers > 1 else Exploration(session, pack)
+        explorer.explore(exploration)
     if promote:
         meta["phase"] = "promote"
         session.save()
@@ -159,8 +162,12 @@ def search(
     proposers: list[Proposer] | None = None,
     progress: Callable[[str, int, int, str], None] | None = None,
     promote: bool = True,
+    workers: int | None = None,
 ) -> SearchOutcome:
     """Search knobs x patches under the contract; only candidates with receipts are promoted.
+
+    ``workers`` explorations run at once (default 1; a resumed search keeps its own unless
+    given), where `check_workers` allows it; promotions run one at a time.
 
     ``promote=False`` spends the whole budget exploring and promotes nothing (so ``best``
     is None): for benchmarks that score exploration alone, never for a result.
@@ -205,6 +212,9 @@ def search(
                 "finished": False,
                 "baseline_id": stored["id"],
             }
+        if workers is not None:
+            meta["workers"] = workers
+        check_workers(ws.contract, int(meta.get("workers") or 1))
         if promote:
             section = ws.contract.search
             exploration_budget(

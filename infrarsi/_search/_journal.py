@@ -1,4 +1,4 @@
-"""The execution in flight, on disk: what a SIGKILL of the search leaves for `--resume`."""
+"""The executions in flight, on disk: what a SIGKILL of the search leaves for `--resume`."""
 
 from __future__ import annotations
 
@@ -65,25 +65,42 @@ class Journal:
             return None
 
 
-class JournalledExecutor:
-    """An executor that journals each execution before it starts."""
+_CURRENT = threading.local()  # the journal of the execution this thread runs (several at once: --workers)
 
-    def __init__(self, inner, journal: Journal, ledger) -> None:
+
+def _note_job(job_id) -> None:
+    journal = getattr(_CURRENT, "journal", None)
+    if journal is not None:
+        journal.note(slurm_job_id=str(job_id))
+
+
+class JournalledExecutor:
+    """An executor that journals each execution before it starts (one journal per execution in
+    flight: the search's own, and one per further worker)."""
+
+    def __init__(self, inner, journal: Journal, ledger, rows_before: int | None = None) -> None:
         self.inner, self.journal, self.ledger = inner, journal, ledger
         self.batch = ""
-        if hasattr(inner, "on_submit"):  # a cluster executor: its job ids go in the journal
-            inner.on_submit = lambda job_id: journal.note(slurm_job_id=str(job_id))
+        self.rows_before = rows_before  # set by a worker, whose thread must not read the ledger
+        if hasattr(inner, "on_submit"):  # a cluster executor: its job ids go in the submitting thread's journal
+            inner.on_submit = _note_job
 
-    def run(self, contract, pinned, candidate, sample_all=False):
+    def begin(self, candidate) -> None:
+        """Journal ``candidate`` as in flight (for a run this thread does not start itself)."""
         self.journal.begin(
             {
                 "batch": self.batch,
-                "rows_before": self.ledger.count(),
+                "rows_before": self.ledger.count() if self.rows_before is None else self.rows_before,
                 "knobs": candidate.knobs,
                 "patches": [p.name for p in candidate.patches],
             }
         )
+
+    def run(self, contract, pinned, candidate, sample_all=False):
+        self.begin(candidate)
+        _CURRENT.journal = self.journal
         try:
             return self.inner.run(contract, pinned, candidate, sample_all)
         finally:
+            _CURRENT.journal = None
             self.journal.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from infrarsi._search._screening import failing_checks
 from infrarsi._search._session import SearchSession
 from infrarsi._search.strategy._state import INTERRUPTED, Observation
-from infrarsi.contract import Candidate
+from infrarsi.contract import SEED_KNOB, Candidate
 from infrarsi.runner import ExecutionResult, pre_images
 
 __all__ = ["Resumption"]
@@ -24,29 +24,49 @@ class Resumption:
     def replay(self) -> None:
         """Rebuild observations from this search's rows; record an execution a SIGKILL cut off."""
         session = self.session
-        entry = session.journal.read()
-        if entry is not None:
-            recorded = any(r["id"] > entry["rows_before"] and r.get("batch") == entry["batch"] for r in session.rows())
-            slurm = getattr(getattr(session.ws.executor, "inner", session.ws.executor), "reattach", None)
-            if not recorded and entry.get("slurm_job_id") and slurm is not None:
-                self._reattach(entry)
-            elif not recorded:
-                device_s = max(0.0, entry["alive"] - entry["started"])
-                patches = tuple(session.patches[p] for p in entry["patches"] if p in session.patches)
-                cut = ExecutionResult(
-                    Candidate(knobs=entry["knobs"], patches=patches),
-                    "crash",
-                    detail=f"{INTERRUPTED}: the search was killed while this execution ran "
-                    f"(at least {device_s:.1f} s); recorded on resume",
-                    device_s=device_s,
-                    wall_s=device_s,
-                    sources=pre_images(session.ws.contract.workspace, patches),
-                )
-                session.ws.record(
-                    cut, kind=self._cut_kind(entry), batch=entry["batch"], seq=0, baseline_id=session.baseline_id
-                )
-                session.messages.append(f"recorded the execution the kill cut off ({device_s:.1f} s) as crash")
-            session.journal.path.unlink(missing_ok=True)
+        for journal in session.journals_on_disk():
+            entry = journal.read()
+            if entry is not None:
+                self._settle(entry)
+            journal.path.unlink(missing_ok=True)
+        self._observe()
+
+    def _settle(self, entry: dict) -> None:
+        """One execution a kill left in flight: recorded already, re-attached (Slurm) or recorded cut."""
+        session = self.session
+        # Its row, if it was recorded: this batch, after the count when it began, this candidate
+        # (with several in flight, another's row may come first).
+        knobs = {k: v for k, v in entry["knobs"].items() if k != SEED_KNOB}  # a long run's seed is no knob
+        recorded = any(
+            r["id"] > entry["rows_before"]
+            and r.get("batch") == entry["batch"]
+            and (r.get("knobs") or {}) == knobs
+            and [p["name"] for p in r.get("patches") or []] == entry["patches"]
+            for r in session.rows()
+        )
+        slurm = getattr(getattr(session.ws.executor, "inner", session.ws.executor), "reattach", None)
+        if not recorded and entry.get("slurm_job_id") and slurm is not None:
+            self._reattach(entry)
+        elif not recorded:
+            device_s = max(0.0, entry["alive"] - entry["started"])
+            patches = tuple(session.patches[p] for p in entry["patches"] if p in session.patches)
+            cut = ExecutionResult(
+                Candidate(knobs=knobs, patches=patches),
+                "crash",
+                detail=f"{INTERRUPTED}: the search was killed while this execution ran "
+                f"(at least {device_s:.1f} s); recorded on resume",
+                device_s=device_s,
+                wall_s=device_s,
+                sources=pre_images(session.ws.contract.workspace, patches),
+            )
+            session.ws.record(
+                cut, kind=self._cut_kind(entry), batch=entry["batch"], seq=0, baseline_id=session.baseline_id
+            )
+            session.messages.append(f"recorded the execution the kill cut off ({device_s:.1f} s) as crash")
+
+    def _observe(self) -> None:
+        """The search's observations, from its exploration rows."""
+        session = self.session
         for row in session.rows():
             if row.get("batch") != session.batch:
                 continue

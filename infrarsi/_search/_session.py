@@ -62,6 +62,19 @@ class SearchSession:
 
     # -- bookkeeping ------------------------------------------------------------------------
 
+    def journals_on_disk(self) -> list[Journal]:
+        """Every journal of this search a kill may have left: its own and each worker's."""
+        folder = self.journal.path.parent
+        return [Journal(path) for path in sorted(folder.glob(f"{self.id}.inflight*.json"))]
+
+    def worker(self, slot: int, rows_before: int) -> JournalledExecutor:
+        """The journalled executor worker ``slot`` runs one exploration execution through (slot 0
+        journals where the search's own executions do); ``rows_before`` is the ledger's count now."""
+        path = self.journal.path if slot == 0 else self.journal.path.with_name(f"{self.id}.inflight.{slot}.json")
+        executor = JournalledExecutor(self.ws.executor, Journal(path), self.ws.ledger, rows_before)
+        executor.batch = self.batch
+        return executor
+
     def save(self) -> None:
         """Write the meta to the ledger: what `--resume` starts from."""
         self.ws.ledger.set_meta(META_KEY, json.dumps(self.meta, sort_keys=True))

@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="executions the search may launch, promotion reruns included (default: the contract's)",
     )
     p.add_argument("--resume", action="store_true", help="continue the last unfinished search from the ledger")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="explorations in flight at once (default 1): with the slurm executor, or a contract whose "
+        "[task] timing_sensitive = false; promotions still run one at a time",
+    )
     p.add_argument("--pack", default=None, metavar="PACK.json", help="an experience pack to use as priors")
     p.add_argument("--seed", type=int, default=None, help="seed of the random starts (default: the contract's)")
 

@@ -162,6 +162,7 @@ def _cmd_search(args) -> int:
             pack=args.pack,
             seed=args.seed,
             progress=bar.update if bar else None,
+            workers=args.workers,
         )
     emit(args, outcome.to_json(), search_summary(outcome))
     return EXIT_OK if outcome.best else EXIT_REJECTED

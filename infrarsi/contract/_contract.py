@@ -58,6 +58,8 @@ class Section:
     values: dict[str, Any]
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "values":  # unpickling asks before ``values`` is set
+            raise AttributeError(name)
         try:
             return self.values[name]
         except KeyError:
@@ -170,6 +172,10 @@ class _Parser:
             if not isinstance(raw, str):
                 bad("a string")
             value: Any = raw
+        elif kind == "bool":
+            if not isinstance(raw, bool):
+                bad("true or false")
+            value = raw
         elif kind == "int":
             if isinstance(raw, bool) or not isinstance(raw, int):
                 bad("an integer")

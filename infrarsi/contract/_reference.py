@@ -10,6 +10,7 @@ _KINDS = {
     "str": "string",
     "int": "integer",
     "float": "number",
+    "bool": "boolean",
     "tolerance": 'number or "calibrated"',
     "str_list": "list of strings",
     "choice_list": "list of strings",
@@ -26,6 +27,8 @@ def _row(field: Field) -> str:
         default = "—"
     elif isinstance(field.default, tuple):
         default = "`[" + ", ".join(f'"{v}"' for v in field.default) + "]`"
+    elif isinstance(field.default, bool):
+        default = f"`{str(field.default).lower()}`"
     elif isinstance(field.default, str):
         default = f'`"{field.default}"`'
     else:

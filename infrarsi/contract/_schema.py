@@ -37,7 +37,7 @@ PROPOSERS = ("contract", "catalog", "llm")
 
 @dataclass(frozen=True)
 class Field:
-    """One contract key. ``kind`` is one of str, int, float, tolerance (a float or "calibrated"),
+    """One contract key. ``kind`` is one of str, int, float, bool, tolerance (a float or "calibrated"),
     str_list, choice_list, choice_values, choice_value, choice_launch."""
 
     name: str
@@ -89,6 +89,14 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
             1,
             'with `launcher = "torchrun"`: nodes; more than one needs a cluster executor (this build runs on one node)',
             minimum=1,
+        ),
+        Field(
+            "timing_sensitive",
+            "bool",
+            True,
+            "false: runs side by side can't disturb each other's timing (a job that sleeps, or one that waits on "
+            "a service), so `search --workers N` may run N at once on this machine; leave it true for a job that "
+            "computes: beside another, its step time measures the other",
         ),
         Field(
             "tokens_per_step",

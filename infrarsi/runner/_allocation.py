@@ -89,7 +89,7 @@ class Allocation:
         self.count += 1
         answer = self.inbox / f"res-{self.count}.pkl"
         sent = time.monotonic()  # a run lost here is charged from now, not the allocation's start
-        _put(self.inbox / f"req-{self.count}.pkl", (str(contract.path), dict(pinned), candidate, sample_all))
+        _put(self.inbox / f"req-{self.count}.pkl", (contract, dict(pinned), candidate, sample_all))
         try:
             while True:
                 if answer.exists():

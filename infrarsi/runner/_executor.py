@@ -11,6 +11,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -110,6 +111,7 @@ class LocalExecutor:
         self.keep_sandbox = keep_sandbox
         self._framework = hash_framework()
         self._environment = EnvironmentWatch()
+        self._watch = threading.Lock()  # runs side by side (search --workers) take the environment's watch in turn
 
     def run(
         self, contract: Contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool = False
@@ -195,8 +197,9 @@ class LocalExecutor:
         receipts = parse_receipts(lines)
 
         after = hash_protected(box.workspace, contract.protected_globs)
-        framework_after = hash_framework()
-        environment = self._environment.after_run()
+        with self._watch:
+            framework_after = hash_framework()
+            environment = self._environment.after_run()
         integrity = {
             "protected_changed_before_run": diff_hashes(pinned, before),
             "protected_changed_by_run": diff_hashes(before, after),

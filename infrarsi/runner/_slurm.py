@@ -73,7 +73,7 @@ class SlurmExecutor:
         try:
             executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster="slurm")
             executor.update_parameters(**slurm_parameters(contract))
-            job = executor.submit(run_on_node, str(contract.path), dict(pinned), candidate, sample_all)
+            job = executor.submit(run_on_node, contract, dict(pinned), candidate, sample_all)
         except (subprocess.CalledProcessError, OSError, RuntimeError) as exc:
             raise UsageError(f'[executor] kind = "slurm": sbatch refused the job: {exc}') from None
         if self.on_submit:

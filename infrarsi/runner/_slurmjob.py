@@ -136,12 +136,14 @@ def slurm_parameters(contract: Contract) -> dict:
     return params
 
 
-def run_on_node(contract_path: str, pinned: dict[str, str], candidate: Candidate, sample_all: bool) -> ExecutionResult:
-    """The job's body, on the node: load the contract where the driver did and run the candidate
-    through the local runner. The node's name goes into the evidence and the fingerprint."""
-    from infrarsi.contract import load_contract
+def run_on_node(contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool) -> ExecutionResult:
+    """The job's body, on the node: run the candidate through the local runner under the driver's
+    contract (as it handed it over: a long run's has more steps and a seed; a path, from a job
+    submitted before, is loaded there). The node's name goes into the evidence and the fingerprint."""
+    if isinstance(contract, str):
+        from infrarsi.contract import load_contract
 
-    contract = load_contract(contract_path)
+        contract = load_contract(contract)
     result = LocalExecutor().run(contract, pinned, candidate, sample_all=sample_all)
     node = os.environ.get("SLURMD_NODENAME")
     slurm = {"job_id": os.environ.get("SLURM_JOB_ID"), "node": node}

@@ -92,9 +92,13 @@ class SearchState:
     conflicts: set[frozenset[str]] = field(default_factory=set)
     rescued: list[dict] = field(default_factory=list)
     priors: list[tuple[Point, float]] = field(default_factory=list)  # a pack's pseudo-runs
+    # Running now (search --workers): each believed to take the step time the speed model predicted
+    # when it was sent (a "believer"), so the next picks look elsewhere instead of at its neighbours.
+    pending: dict[Point, float] = field(default_factory=dict)
 
     def tried(self) -> set[Point]:
-        return {o.point for o in self.observations if o.status != INTERRUPTED} | {self.baseline.point}
+        done = {o.point for o in self.observations if o.status != INTERRUPTED}
+        return done | {self.baseline.point} | set(self.pending)
 
     def add(self, obs: Observation, failed_checks: list[str] | None = None) -> None:
         """Record a finished execution. A rejection counts against its changes only when a
@@ -112,9 +116,9 @@ class SearchState:
 
     def speed_model(self) -> SpeedModel:
         ok = self.ok()
-        points = [o.point for o in ok] + [p for p, _ in self.priors]
-        times = [o.step_time_s for o in ok] + [t for _, t in self.priors]
-        weights = [1.0] * len(ok) + [PRIOR_WEIGHT] * len(self.priors)
+        points = [o.point for o in ok] + [p for p, _ in self.priors] + list(self.pending)
+        times = [o.step_time_s for o in ok] + [t for _, t in self.priors] + list(self.pending.values())
+        weights = [1.0] * len(ok) + [PRIOR_WEIGHT] * len(self.priors) + [1.0] * len(self.pending)
         return SpeedModel(self.space).fit(points, times, weights)
 
     def memory_model(self) -> MemoryModel:
