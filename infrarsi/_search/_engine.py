@@ -59,7 +59,7 @@ def _run(
     Resumption(session).replay()
     session.tick("explore")
     if meta.get("phase") != "promote":  # a resume after promotion began does not explore again
-        workers = int(meta.get("workers") or 1)
+        workers = int(meta.get("workers", 1))
         explorer = ParallelExploration(session, pack, workers) if workers > 1 else Exploration(session, pack)
         explorer.explore(exploration)
     if promote:
@@ -214,7 +214,7 @@ def search(
             }
         if workers is not None:
             meta["workers"] = workers
-        check_workers(ws.contract, int(meta.get("workers") or 1))
+        check_workers(ws.contract, int(meta.get("workers", 1)))
         if promote:
             section = ws.contract.search
             exploration_budget(

@@ -68,9 +68,10 @@ class SearchSession:
         return [Journal(path) for path in sorted(folder.glob(f"{self.id}.inflight*.json"))]
 
     def worker(self, slot: int, rows_before: int) -> JournalledExecutor:
-        """The journalled executor worker ``slot`` runs one exploration execution through (slot 0
-        journals where the search's own executions do); ``rows_before`` is the ledger's count now."""
-        path = self.journal.path if slot == 0 else self.journal.path.with_name(f"{self.id}.inflight.{slot}.json")
+        """The journalled executor worker ``slot`` runs one exploration execution through, with a
+        journal of its own (the search's own may be cleared meanwhile by a `verify` that never ran
+        anything); ``rows_before`` is the ledger's count now."""
+        path = self.journal.path.with_name(f"{self.id}.inflight.{slot + 1}.json")
         executor = JournalledExecutor(self.ws.executor, Journal(path), self.ws.ledger, rows_before)
         executor.batch = self.batch
         return executor
