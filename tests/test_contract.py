@@ -308,6 +308,9 @@ def test_a_convergence_table_parses_and_launches_a_long_run_with_its_seed(worksp
     assert long.total_steps == 70 and long.timing.warmup_steps == 2
     assert long.task.timeout_s == pytest.approx(60 * 70 / 7)
     assert launch_command(long, who.knobs)["argv"][-4:] == ["--attention", "sdpa", "--seed", "2"]
+    # Seed 0 is the job's own launch: no seed argument, as it runs without InfraRSI.
+    _, first = long_run(contract, Candidate({"attention": "sdpa"}), seed=0)
+    assert launch_command(long, first.knobs)["argv"][-2:] == ["--attention", "sdpa"]
     assert load_contract(write(workspace, GOOD)).convergence is None
 
 

@@ -14,11 +14,12 @@ judges the pairs:
   tail loss) or else the baseline's own seed-to-seed standard deviation of the tail loss (a
   difference as large as changing the seed), never below ``loss_rtol`` of the tail loss (a job
   whose seeds are not wired in has no spread at all).
-- **The whole curves**: each run smoothed with a trailing mean over ``steps / 20`` steps, the
-  paired gap averaged over seeds at every step. The largest gap and its step are reported, and
-  the step where the curves part (the first where the gap leaves ``±margin``). Curves more than
-  ``3 x margin`` apart anywhere fail even where the tails meet again: the candidate trained a
-  different model on the way.
+- **The whole curves**: each run smoothed with a trailing mean over ``steps / 20`` steps, and
+  each seed's paired gap at every step (never averaged over seeds: detours that go opposite
+  ways under two seeds must not cancel). The largest gap, its step and seed are reported, and
+  the step where the curves part (the first where a seed's gap leaves ``±margin``). Curves
+  more than ``3 x margin`` apart anywhere fail even where the tails meet again: the candidate
+  trained a different model on the way.
 
 It fails both ways: a candidate that trains measurably *better* is not the same job either.
 
@@ -140,9 +141,14 @@ def check_convergence(
     window = max(1, steps // 20)
     smooth_b = [_smooth(run, window) for run in baseline]
     smooth_c = [_smooth(run, window) for run in candidate]
-    gap = [statistics.fmean(c[i] - b[i] for b, c in zip(smooth_b, smooth_c)) for i in range(steps)]
-    widest = max(range(window - 1, steps), key=lambda i: abs(gap[i]))
-    parted = next((i + 1 for i in range(window - 1, steps) if abs(gap[i]) > bound), None)
+    # Each seed's own gap: detours the other way under another seed must not average away.
+    gaps = [[c[i] - b[i] for i in range(steps)] for b, c in zip(smooth_b, smooth_c)]
+    seed, widest = max(
+        ((s, i) for s in range(seeds) for i in range(window - 1, steps)), key=lambda si: abs(gaps[si[0]][si[1]])
+    )
+    starts = [next((i + 1 for i in range(window - 1, steps) if abs(g[i]) > bound), None) for g in gaps]
+    parted = min((p for p in starts if p is not None), default=None)
+    gap = gaps[seed]
     evidence = {
         "steps": steps,
         "seeds": seeds,
@@ -156,6 +162,7 @@ def check_convergence(
         "ci90": [low, high],
         "max_gap": gap[widest],
         "max_gap_step": widest + 1,
+        "max_gap_seed": seed,
         "parted_at": parted,
         "smoothing_steps": window,
         "curves": {
@@ -172,14 +179,14 @@ def check_convergence(
         f"tail loss (last {n_tail} steps) differs by {mean:+.4g}, 90% CI [{low:+.4g}, {high:+.4g}], "
         f"margin ±{bound:.4g} from {source}"
     )
-    curves = f"largest gap of the smoothed curves {gap[widest]:+.4g} at step {widest + 1}"
+    curves = f"largest gap of the smoothed curves {gap[widest]:+.4g} at step {widest + 1} (seed {seed})"
     if not (-bound < low and high < bound):
         if low >= bound or high <= -bound:
             verdict = f"the candidate trains measurably {'worse' if mean > 0 else 'better'}"
         else:
             verdict = "the candidate is not shown to train the same (more seeds narrow the interval)"
         at = f"; the curves part at step {parted}" if parted else ""
-        return CheckResult(CHECK, "fail", f"{covered}: {verdict}: {ends}{at}", evidence)
+        return CheckResult(CHECK, "fail", f"{covered}: {verdict}: {ends}; {curves}{at}", evidence)
     if abs(gap[widest]) > _APART * bound:
         return CheckResult(
             CHECK,

@@ -132,12 +132,15 @@ def launch_command(contract, knobs: dict[str, str]) -> dict:
 def long_run(contract: Contract, candidate: Candidate, seed: int) -> tuple[Contract, Candidate]:
     """The contract and candidate one of ``[numerics.convergence]``'s long runs launches: its
     ``steps`` steps (the warm-up kept, the rest measured), the timeout scaled with the steps, and
-    the seed given the way the table says (as a knob of its own, after the contract's knobs)."""
+    for seeds 1, 2, ... the seed given the way the table says (as a knob of its own, after the
+    contract's knobs); seed 0 is the job's own launch, with no seed argument."""
     conv = contract.convergence
     timing = {**contract.timing.values, "measure_steps": conv.steps - contract.timing.warmup_steps}
     task = {**contract.task.values, "timeout_s": contract.task.timeout_s * conv.steps / contract.total_steps}
     long = dataclasses.replace(contract, timing=Section(timing), task=Section(task))
-    if conv.seed is None:
+    if conv.seed is None or seed == 0:
+        # Seed 0 is launched exactly as the job runs without InfraRSI (no seed argument): a job
+        # that behaves one way when given a seed and another without can't pass both pairs.
         return long, candidate
     knob = Knob(SEED_KNOB, tuple(str(s) for s in range(conv.seeds)), "0", launch=conv.seed)
     return (

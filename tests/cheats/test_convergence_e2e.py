@@ -26,7 +26,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def long_workspace(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("long") / "tinygpt"
     shutil.copytree(TINYGPT, folder, ignore=shutil.ignore_patterns(".infrarsi", "__pycache__"))
-    shutil.copy(HERE / "late" / "late-lr-decay.diff", folder / "patches" / "late-lr-decay.diff")
+    for name in ("late-lr-decay", "seed-flag-late-decay"):
+        shutil.copy(HERE / "late" / f"{name}.diff", folder / "patches" / f"{name}.diff")
     contract = folder / "long.toml"
     text = contract.read_text()
     # Run beside other tests: the A/B's baseline arm may wander further from the stored baseline.
@@ -34,7 +35,8 @@ def long_workspace(tmp_path_factory) -> Path:
     # The margin from `baseline`'s calibration: the baseline's own long runs under each seed.
     text = text.replace("tail      = 0.2", 'tail      = 0.2\nmargin    = "calibrated"')
     assert 'margin    = "calibrated"' in text
-    text += '\n[[patches]]\nname = "late-lr-decay"\nfile = "patches/late-lr-decay.diff"\n'
+    for name in ("late-lr-decay", "seed-flag-late-decay"):
+        text += f'\n[[patches]]\nname = "{name}"\nfile = "patches/{name}.diff"\n'
     contract.write_text(text)
     for args in (("init",), ("baseline", "--runs", "2")):
         proc = _cli(*args, "--contract", str(contract))
@@ -93,3 +95,16 @@ def test_a_schedule_change_past_the_window_passes_the_short_checks_and_fails_con
     # Re-judged from the stored long runs: the honest verify's pass (when it ran first) and this fail.
     # (each long run's own numerics.convergence only says it has a loss at every step: never `fail`)
     assert report["by_check"]["numerics.convergence"].get("fail", 0) == 1
+
+
+def test_a_schedule_kept_off_whenever_a_seed_is_given_fails_convergence(long_workspace):
+    """Red-teamed (2026-12-07): the decay runs only when no --seed is given, as in production. Seed
+    0's long run is launched without a seed argument, so its pair shows the decay."""
+    proc = _cli(
+        "verify", "--contract", str(long_workspace), "--patch", "seed-flag-late-decay", "--pairs", "0", "--json"
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    checks = _checks(json.loads(proc.stdout))
+    assert all(checks[cid]["status"] == "pass" for cid in ("numerics.loss", "numerics.grad_norm")), checks
+    conv = checks["numerics.convergence"]
+    assert conv["status"] == "fail" and "(seed 0)" in conv["detail"], conv

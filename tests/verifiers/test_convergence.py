@@ -58,6 +58,26 @@ def test_curves_that_part_mid_run_fail_even_where_the_tails_meet():
     assert 40 < check.evidence["max_gap_step"] < 100
 
 
+def test_detours_the_other_way_under_another_seed_do_not_cancel():
+    """Red-teamed: the gap is judged seed by seed, never averaged over seeds."""
+    base = [_run(s) for s in range(2)]
+    cand = [
+        [x + (0.3 if 40 < i < 90 else 0.0) for i, x in enumerate(base[0])],
+        [x - (0.3 if 40 < i < 90 else 0.0) for i, x in enumerate(base[1])],
+    ]
+    check = check_convergence(base, cand, tail=0.2, loss_rtol=1e-3)
+    assert check.status == "fail" and "the tails meet" in check.detail, check.detail
+    assert check.evidence["max_gap_seed"] in (0, 1) and abs(check.evidence["max_gap"]) > 0.25
+
+
+def test_a_change_under_one_seed_only_is_not_shown_equivalent():
+    """A job that behaves differently without a seed argument (seed 0's launch) than with one."""
+    base = [_run(s) for s in range(2)]
+    cand = [_run(0, drift=0.1), list(base[1])]
+    check = check_convergence(base, cand, tail=0.2, loss_rtol=1e-3)
+    assert check.status == "fail", check.detail
+
+
 def test_the_margin_is_the_seeds_spread_unless_the_contract_sets_one():
     base, cand = _pairs(4)
     spread = check_convergence(base, cand, tail=0.2, loss_rtol=1e-6)
