@@ -18,6 +18,11 @@ from processes import gone_within
 import infrarsi
 from infrarsi._workspace import open_workspace
 
+# Alone (the serial pass): these cheats SIGSTOP every train.py on the machine while they run, and
+# a stray killed between its SIGSTOP and its SIGCONT leaves another test's job stopped until its
+# timeout (seen 2026-12-07: a corpus run beside them timed out at 300 s, a landscape verify failed).
+pytestmark = pytest.mark.serial
+
 CONTAINMENT_CHEATS = sorted(p.stem for p in (HERE / "containment").glob("*.diff"))
 
 
