@@ -1,5 +1,5 @@
 """``numerics.convergence`` on real TinyGPT runs: `examples/tinygpt/long.toml` trains the baseline and
-the candidate 150 steps under seeds 0 and 1. An honest speed patch is accepted with a receipt that
+the candidate (here 100 steps) under seeds 0 and 1. An honest speed patch is accepted with a receipt that
 says how far the claim goes; a learning-rate schedule that starts at step 40 (tests/cheats/late/)
 passes every short-window check and is caught there, with the step where the curves part; the
 audit re-judges both from the ledger alone."""
@@ -32,6 +32,9 @@ def long_workspace(tmp_path_factory) -> Path:
     text = contract.read_text()
     # Run beside other tests: the A/B's baseline arm may wander further from the stored baseline.
     text = text.replace("min_speedup  = 1.02", "min_speedup  = 1.02\ndrift_tolerance = 0.5")
+    # 100 steps, not the example's 150 (CI's time): still 5x the window, the drift starts at 40.
+    text = text.replace("steps     = 150", "steps     = 100")
+    assert "steps     = 100" in text
     # The margin from `baseline`'s calibration: the baseline's own long runs under each seed.
     text = text.replace("tail      = 0.2", 'tail      = 0.2\nmargin    = "calibrated"')
     assert 'margin    = "calibrated"' in text
@@ -55,13 +58,13 @@ def test_an_honest_patch_is_accepted_with_the_convergence_claim_in_its_receipt(l
     out = json.loads(proc.stdout)
     assert proc.returncode == 0 and out["accepted"], json.dumps(out["checks"], indent=1)
     conv = _checks(out)["numerics.convergence"]
-    assert conv["status"] == "pass" and conv["detail"].startswith("2 seeds x 150 steps: equivalent")
+    assert conv["status"] == "pass" and conv["detail"].startswith("2 seeds x 100 steps: equivalent")
     assert "the calibrated margin" in conv["detail"], conv["detail"]
 
     receipt = json.loads(Path(out["receipt"]).read_text())["receipt"]
     assert "numerics.convergence" in receipt["required_checks"]
     claim = receipt["convergence"]
-    assert claim["steps"] == 150 and claim["seeds"] == 2 and claim["tail_steps"] == 30
+    assert claim["steps"] == 100 and claim["seeds"] == 2 and claim["tail_steps"] == 20
     assert -claim["margin"] < claim["ci90"][0] <= claim["ci90"][1] < claim["margin"]
     # 1 candidate run + the A/B's pairs + 2 seeds x (baseline, candidate) long runs, all cited
     assert len(receipt["executions"]) == 1 + 2 * len(receipt["ab"]["baseline_s"]) + 4
@@ -72,7 +75,7 @@ def test_an_honest_patch_is_accepted_with_the_convergence_claim_in_its_receipt(l
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     html = next(out_dir.glob("*.html")).read_text()
     rid = json.loads(Path(out["receipt"]).read_text())["id"]
-    assert "Long runs (2 seeds x 150 steps)" in html and html.count("<svg") >= 2
+    assert "Long runs (2 seeds x 100 steps)" in html and html.count("<svg") >= 2
     assert any(p.name == f"long-{rid}.svg" for p in out_dir.rglob("*.svg"))
 
 
@@ -86,7 +89,7 @@ def test_a_schedule_change_past_the_window_passes_the_short_checks_and_fails_con
     assert conv["status"] == "fail", conv
     assert "trains measurably worse" in conv["detail"], conv["detail"]
     parted = int(conv["detail"].rsplit("the curves part at step ", 1)[1])
-    assert 40 < parted <= 150  # the schedule first differs after step 40; the window is 20 steps
+    assert 40 < parted <= 100  # the schedule first differs after step 40; the window is 20 steps
 
     ledger = long_workspace.parent / ".infrarsi" / "contracts" / "long" / "ledger.db"
     audit = _cli("audit", str(ledger), "--json")
