@@ -106,8 +106,9 @@ def _judge(ev: Evidence, sources: SourceJudge, row: dict) -> list[CheckResult]:
     run = run_evidence(ev, row)
     if isinstance(run, str):
         return checks + missing(RUN_IDS, run)
-    reference = ev.reference(ev.baseline_for(row))
-    rules = Rules.from_contract(contract, (ev.summary(ev.baseline_for(row)) or {}).get("calibration"))
+    baseline_id = ev.baseline_for(row)
+    reference = ev.reference(baseline_id)
+    rules = Rules.from_contract(contract, (ev.summary(baseline_id) or {}).get("calibration"))
     if isinstance(reference, str):
         judged = judge_run(run, BaselineReference(loss=[], grad_norm=[], tokens_per_step=None), rules)
         return checks + [

@@ -10,12 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from infrarsi._receipt import verify_receipt
 from infrarsi.examples.landscape import Landscape, make_workspace
 
 # Alone: several jobs at once, and a promotion whose A/B must resolve.
@@ -72,33 +70,10 @@ def test_workers_are_refused_where_runs_side_by_side_would_time_each_other(tmp_p
     assert done.returncode == 2 and "expected 1 or more" in out["error"]
 
 
-def test_several_explorations_run_at_once_and_the_best_is_promoted_with_a_receipt(tmp_path):
-    root = _workspace(tmp_path, _land("parallel"))
-    done, out = _cli(root, "search", "--workers", "3", "--budget", "24", "--json")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert verify_receipt(out["best"]["receipt"]).ok
-    assert out["executions"] <= 24
-    explored = [r for r in _rows(root) if r["kind"] == "search"]
-    # Runs overlapped in time: some run was recorded after the next one had already started.
-    spans = [
-        (
-            datetime.fromisoformat(r["created_at"]).timestamp() - r["wall_s"],
-            datetime.fromisoformat(r["created_at"]).timestamp(),
-        )
-        for r in explored
-        if r["wall_s"]
-    ]
-    overlapping = sum(1 for (s1, e1), (s2, e2) in zip(spans, spans[1:]) if s2 < e1 - 0.05)
-    assert overlapping >= 2, spans
-    # Every point explored once.
-    keys = [(r["knobs"], r["patches"]) for r in explored]
-    assert len(keys) == len(set(keys))
-
-
 def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_path):
     root = _workspace(tmp_path, _land("killed", base_ms=250.0))
     proc = subprocess.Popen(
-        CLI + ["search", "--workers", "3", "--budget", "24", "--json"],
+        CLI + ["search", "--workers", "3", "--budget", "16", "--json"],
         cwd=root,
         start_new_session=True,
         stdout=subprocess.PIPE,
@@ -132,6 +107,6 @@ def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_p
         (r["knobs"], r["patches"]) for r in after if r["kind"] == "search" and not r["detail"].startswith("interrupted")
     ]
     assert len(explored) == len(set(explored)), explored
-    assert out["executions"] <= 24 and not list(journals.glob("*.inflight*.json"))
+    assert out["executions"] <= 16 and not list(journals.glob("*.inflight*.json"))
     audit, report = _cli(root, "audit", str(root / ".infrarsi" / "ledger.db"), "--json")
     assert audit.returncode == 0 and report["chain_ok"], audit.stdout[-2000:]
