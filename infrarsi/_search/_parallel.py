@@ -106,7 +106,10 @@ class ParallelExploration(Exploration):
             except KeyboardInterrupt:
                 # Stopped: what is in flight still ends (each within its timeout) and is recorded.
                 for future, (*picked, _, executor) in list(flying.items()):
-                    self._finished(future, tuple(picked), executor, exploration, rescue=False)
+                    try:
+                        self._finished(future, tuple(picked), executor, exploration, rescue=False)
+                    except Exception:  # its worker died with the interrupt: its journal stays for --resume
+                        continue
                 raise
         if session.launched() < exploration:
             session.meta["explore_stop"] = (
