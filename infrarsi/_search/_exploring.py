@@ -143,6 +143,11 @@ class Exploration:
         """Run ``point`` once against the stored baseline, record it, and learn from the outcome."""
         session = self.session
         outcome = session.verify(session.candidate(point), session.batch, 0, kind="search", seq=len(session.rows()))
+        return self._observe(point, origin, outcome)
+
+    def _observe(self, point: Point, origin: str, outcome) -> Observation:
+        """Learn from a recorded run (its `VerifyOutcome`): the state, the history, the meta."""
+        session = self.session
         row = session.ws.ledger.get_execution(outcome.executions[-1])
         obs = Observation(
             point,

@@ -19,7 +19,6 @@ import multiprocessing
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 
 from infrarsi._search._exploring import Exploration
-from infrarsi._search._screening import failing_checks
 from infrarsi._search.strategy._space import Point
 from infrarsi._search.strategy._state import Observation
 from infrarsi.errors import ExecutionInterrupted, UsageError
@@ -210,23 +209,8 @@ class ParallelExploration(Exploration):
         return len(self.session.rows())
 
     def _observe(self, point: Point, origin: str, outcome, oom: Observation | None = None) -> Observation:
+        obs = super()._observe(point, origin, outcome)
         session = self.session
-        row = session.ws.ledger.get_execution(outcome.executions[-1])
-        obs = Observation(
-            point,
-            row["status"],
-            row.get("step_time_s"),
-            row.get("peak_mem_mb"),
-            row["id"],
-            origin,
-            row.get("detail") or "",
-            row.get("device_s") or 0.0,
-        )
-        self.state.add(obs, failing_checks(row))
-        speedup = session.remember(obs, origin)
-        session.meta.setdefault("origins", {})[str(row["id"])] = origin
-        session.save()
-        session.tick("explore", f"{origin}: {obs.status}" + (f" {speedup:.2f}x" if speedup else ""))
         if obs.status == "ok" and oom is not None:
             added = sorted(self.space.atoms_of(point) - self.space.atoms_of(oom.point))
             self.state.rescued.append(
