@@ -46,6 +46,8 @@ class BaselineSummary:
     # `baseline --calibrate` (or a contract that says "calibrated"): the tolerances measured from the
     # job's own noise, with the perturbations behind them (infrarsi/_calibrate.py)
     calibration: dict | None = None
+    # [executor] keys the command line set for this baseline (--partition ...): where it was measured
+    executor_flags: dict | None = None
 
     def to_json(self) -> dict:
         """The DESIGN.md shape of `baseline --json`."""
@@ -261,6 +263,7 @@ def baseline(
     progress: Callable[[int, int, ExecutionResult], None] | None = None,
     force: bool = False,
     calibrate: bool = False,
+    executor_flags: dict | None = None,
 ) -> BaselineSummary:
     """Run the original setup ``runs`` times, then once observed at every step; record every run, store the summary.
 
@@ -275,12 +278,15 @@ def baseline(
     ``calibrate`` (and a contract that says ``"calibrated"`` for a tolerance) then runs the
     original setup under perturbations that must not change the job, and stores the tolerances
     they call for with the summary (`infrarsi._calibrate`); the self-check judges with them.
+
+    ``executor_flags`` ([executor] keys replaced for this command) are stored with the summary:
+    a verify or search compared with it must give the same hardware keys.
     """
     if runs < 1:
         from infrarsi.errors import UsageError
 
         raise UsageError(f"--runs {runs}: expected at least 1")
-    with open_workspace(contract_path) as ws:
+    with open_workspace(contract_path, executor_flags=executor_flags) as ws:
         candidate = Candidate(knobs=ws.contract.baseline_knobs())
         batch = uuid.uuid4().hex
         results, executions = [], []
@@ -350,7 +356,7 @@ def baseline(
         observed_grads = [observed_reference(_rank_lines(r, 0)) for r in results] if observed else []
         checked = self_check(summary, results, ws.contract, observed_grads)
         checked.forced = force and not checked.ok
-        summary = replace(summary, self_check=checked.to_json())
+        summary = replace(summary, self_check=checked.to_json(), executor_flags=ws.contract.executor_flags or None)
         if not checked.ok and not force:
             raise BaselineRejected(summary, checked.problems)
         ws.ledger.append_baseline(batch, summary.as_record())

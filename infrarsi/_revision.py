@@ -15,6 +15,7 @@ from pathlib import Path
 from infrarsi._manifest import MANIFEST_NAME, Manifest, build_manifest, load_manifest, parse_manifest
 from infrarsi._workspace import KEYS_DIR, LEDGER_NAME
 from infrarsi.contract import Contract, launch_settings, load_contract, parse_contract
+from infrarsi.contract._executorflags import HARDWARE_KEYS, hardware_mismatch
 from infrarsi.errors import ContractError, ManifestError, UsageError
 from infrarsi.ledger import KeyPair, Ledger
 
@@ -38,11 +39,7 @@ _MEASURING = (
     ("timing", "measure_steps"),
     ("resources", "device"),
     # Where it ran: another executor, partition, GPU count or #SBATCH constraint is other hardware.
-    ("executor", "kind"),
-    ("executor", "partition"),
-    ("executor", "gpus_per_node"),
-    ("executor", "cpus_per_task"),
-    ("executor", "sbatch"),
+    *(("executor", key) for key in HARDWARE_KEYS),
 )
 
 
@@ -273,3 +270,10 @@ def check_baseline_current(ledger: Ledger, current: Manifest, baseline: dict, co
     why = stale_baseline(ledger, manifests_in(ledger), current, contract, baseline, contract.workspace)
     if why is not None:
         raise UsageError(f"{why}: run `infrarsi baseline` for a new one")
+    other = hardware_mismatch(baseline["summary"].get("executor_flags"), contract.executor_flags)
+    if other:
+        raise UsageError(
+            f"the stored baseline (batch {baseline.get('batch')}) was measured on other hardware than these "
+            f"flags ask for ({'; '.join(other)}): give the flags it was measured with, or run `infrarsi baseline` "
+            "with these"
+        )

@@ -35,9 +35,12 @@ def run(
     contract_path: str | Path = "infrarsi.toml",
     sets: list[str] | dict[str, str] | None = None,
     patches: list[str] | None = None,
+    executor_flags: dict | None = None,
 ) -> RunOutcome:
-    """One execution of the contract's job with knob settings and patches, recorded in the ledger."""
-    with open_workspace(contract_path) as ws:
+    """One execution of the contract's job with knob settings and patches, recorded in the ledger.
+
+    ``executor_flags``: [executor] keys replaced for this run (`infrarsi.contract.with_executor_flags`)."""
+    with open_workspace(contract_path, executor_flags=executor_flags) as ws:
         values = sets if isinstance(sets, dict) else parse_sets(sets)
         candidate = resolve_candidate(ws.contract, values, patches)
         execution, result = ws.execute(candidate, kind="run", batch=uuid.uuid4().hex)

@@ -115,6 +115,7 @@ def verify(
     progress: Callable[[int, int, ExecutionResult | None], None] | None = None,
     keep_going: bool = False,
     max_pairs: int | None = None,
+    executor_flags: dict | None = None,
 ) -> VerifyOutcome:
     """Check one candidate (knob settings + patches) fully; accepted only when every check passes.
 
@@ -124,8 +125,11 @@ def verify(
 
     ``keep_going`` runs the candidate even when a check before the run failed, so every
     layer's verdict is seen (diagnosis, and the corpus tests); it never accepts more.
+
+    ``executor_flags``: [executor] keys replaced for this verify; those that decide the hardware
+    must be the ones the stored baseline was measured with.
     """
-    with open_workspace(contract_path) as ws:
+    with open_workspace(contract_path, executor_flags=executor_flags) as ws:
         values = sets if isinstance(sets, dict) else parse_sets(sets)
         candidate = resolve_candidate(ws.contract, values, patches)
         stored = ws.ledger.latest_baseline()

@@ -5,11 +5,13 @@ Only a workspace writes the ledger; each execution is recorded the moment it end
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infrarsi._manifest import MANIFEST_NAME, Manifest, load_manifest
-from infrarsi.contract import Candidate, Contract, load_contract
+from infrarsi.contract import Candidate, Contract, load_contract, with_executor_flags
 from infrarsi.errors import ExecutionInterrupted, ManifestError, UsageError
 from infrarsi.ledger import KeyPair, Ledger, canonical_json, sha256_hex
 from infrarsi.runner import ExecutionResult, Executor, executor_for
@@ -79,8 +81,11 @@ class Workspace:
         if result.receipts:
             blobs["receipts"] = (result.receipts, "receipts")
             receipts_hash = sha256_hex(result.receipts)
-        if result.evidence:
-            data = canonical_json(result.evidence)
+        evidence = result.evidence
+        if evidence and self.contract.executor_flags:  # where it ran, when flags moved it from the contract's
+            evidence = {**evidence, "executor_flags": self.contract.executor_flags}
+        if evidence:
+            data = canonical_json(evidence)
             blobs["evidence"] = (data, "evidence")
             evidence_hash = sha256_hex(data)
         return self.ledger.append_execution(
@@ -113,8 +118,15 @@ class Workspace:
         )
 
 
-def open_workspace(contract_path: str | Path = "infrarsi.toml", executor: Executor | None = None) -> Workspace:
-    """Open an initialised workspace; the contract must be the one pinned at init."""
+def open_workspace(
+    contract_path: str | Path = "infrarsi.toml",
+    executor: Executor | None = None,
+    executor_flags: Mapping[str, Any] | None = None,
+) -> Workspace:
+    """Open an initialised workspace; the contract must be the one pinned at init.
+
+    ``executor_flags`` ({[executor] key: value}, the CLI's ``--partition`` and friends) replace
+    those keys of the contract's ``[executor]`` table for as long as it is open."""
     contract = load_contract(contract_path)
     state = contract.state_dir
     ledger_path = state / LEDGER_NAME
@@ -136,5 +148,6 @@ def open_workspace(contract_path: str | Path = "infrarsi.toml", executor: Execut
     key = KeyPair.load(state / KEYS_DIR)
     if key.public_hex != manifest.public_key:
         raise UsageError(f"{state / KEYS_DIR}: the signing key is not the one the manifest was signed with")
+    contract = with_executor_flags(contract, executor_flags or {})
     ledger = Ledger.open(ledger_path, key=key)
     return Workspace(contract, manifest, key, ledger, executor or executor_for(contract))

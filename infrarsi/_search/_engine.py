@@ -60,7 +60,8 @@ def _run(
     session.tick("explore")
     if meta.get("phase") != "promote":  # a resume after promotion began does not explore again
         workers = int(meta.get("workers", 1))
-        explorer = ParallelExploration(session, pack, workers) if workers > 1 else Exploration(session, pack)
+        devices = check_workers(session.ws.contract, workers, meta.get("devices"))
+        explorer = ParallelExploration(session, pack, workers, devices) if workers > 1 else Exploration(session, pack)
         explorer.explore(exploration)
     if promote:
         meta["phase"] = "promote"
@@ -133,6 +134,21 @@ def _coverage(session: SearchSession, executions: int) -> dict:
     }
 
 
+def _stored_flags(contract_path: str | Path) -> dict | None:
+    """The [executor] flags the unfinished search ran with (None: none, or nothing to resume,
+    which opening the workspace then says)."""
+    from infrarsi._workspace import LEDGER_NAME
+    from infrarsi.contract import load_contract
+    from infrarsi.ledger import Ledger
+
+    ledger_path = load_contract(contract_path).state_dir / LEDGER_NAME
+    if not ledger_path.exists():
+        return None
+    with Ledger.open(ledger_path) as ledger:
+        previous = ledger.get_meta(META_KEY)
+    return json.loads(previous).get("executor_flags") if previous else None
+
+
 def _check_workspace(ws: Workspace) -> None:
     """The workspace must be the one `init` pinned: otherwise every candidate would fail the same way."""
     from infrarsi._hashing import hash_protected
@@ -163,6 +179,8 @@ def search(
     progress: Callable[[str, int, int, str], None] | None = None,
     promote: bool = True,
     workers: int | None = None,
+    executor_flags: dict | None = None,
+    devices: list[str] | None = None,
 ) -> SearchOutcome:
     """Search knobs x patches under the contract; only candidates with receipts are promoted.
 
@@ -171,8 +189,16 @@ def search(
 
     ``promote=False`` spends the whole budget exploring and promotes nothing (so ``best``
     is None): for benchmarks that score exploration alone, never for a result.
+
+    ``devices`` (GPU indexes) give each local worker its own ``CUDA_VISIBLE_DEVICES``, which lets a
+    GPU job run several at once (`check_workers`).
+
+    ``executor_flags``: [executor] keys replaced for this search (a resumed one keeps its own
+    unless given); the hardware keys must be the baseline's.
     """
-    with open_workspace(contract_path) as ws:
+    if resume and executor_flags is None:
+        executor_flags = _stored_flags(contract_path)
+    with open_workspace(contract_path, executor_flags=executor_flags) as ws:
         stored = ws.ledger.latest_baseline()
         if stored is None:
             raise UsageError(f"{ws.contract.path}: no baseline recorded; run `infrarsi baseline` first")
@@ -214,7 +240,10 @@ def search(
             }
         if workers is not None:
             meta["workers"] = workers
-        check_workers(ws.contract, int(meta.get("workers", 1)))
+        if devices is not None:
+            meta["devices"] = list(devices)
+        meta["executor_flags"] = ws.contract.executor_flags
+        check_workers(ws.contract, int(meta.get("workers", 1)), meta.get("devices"))
         if promote:
             section = ws.contract.search
             exploration_budget(

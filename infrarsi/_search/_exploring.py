@@ -40,7 +40,10 @@ class Exploration:
             return np.zeros(0)
         mean, std = speed.predict(points)
         ei = expected_improvement(mean, std, self.state.best_log())
-        return ei * memory.p_fit(points) * self.state.p_ok(points)
+        # Per second it costs to try (Snoek et al., 2012, "EI per second"), relative to the
+        # cheapest here: a point whose runs take 3x as long must promise 3x as much.
+        cost, _ = self.state.cost_model().predict(points)
+        return ei * memory.p_fit(points) * self.state.p_ok(points) / np.exp(cost - cost.min())
 
     def _fresh(self, points) -> list[Point]:
         tried = self.state.tried()

@@ -26,34 +26,62 @@ from infrarsi.errors import ExecutionInterrupted, UsageError
 __all__ = ["ParallelExploration", "check_workers"]
 
 
-def check_workers(contract, workers: int) -> None:
-    """Refuse ``workers`` executions at once where they could disturb each other's timing: on
-    this machine (the local executor) only for a contract that says ``timing_sensitive = false``.
-    A Slurm executor runs each execution as a job of its own, on hardware Slurm gives it alone."""
+def check_workers(contract, workers: int, devices: list[str] | None = None) -> list[str] | None:
+    """Refuse ``workers`` executions at once where they could disturb each other's timing, and
+    give each worker slot its GPUs: ``CUDA_VISIBLE_DEVICES`` per slot, or None (not assigned).
+
+    With the local executor, several at once are allowed for a contract that says
+    ``timing_sensitive = false``, or for a GPU job (``device = "cuda"``) given ``devices``
+    enough for a GPU set of its own per worker (one per rank under a launcher). A Slurm
+    executor runs each execution as a job of its own, on hardware Slurm gives it alone."""
     if workers < 1:
         raise UsageError(f"--workers {workers}: expected 1 or more")
-    if workers == 1 or contract.executor.kind != "local":
-        return
-    if not contract.task.timing_sensitive:
-        return
+    slots = _device_slots(contract, workers, devices) if devices else None
+    if workers == 1 or contract.executor.kind != "local" or not contract.task.timing_sensitive:
+        return slots
+    if slots is not None:
+        if contract.resources.device != "cuda":
+            raise UsageError(
+                f"--devices: the job trains on {contract.resources.device!r} ([resources] device), where separate "
+                f"GPUs don't keep {workers} runs at once from timing each other"
+            )
+        return slots
     raise UsageError(
         f"--workers {workers}: the local executor runs every execution on this machine, where {workers} at once "
-        'would time each other; use a cluster executor ([executor] kind = "slurm"), or say [task] '
-        "timing_sensitive = false for a job whose step time nothing beside it can change"
+        "would time each other; give each worker its own GPUs (--devices 0,1,...), use a cluster executor "
+        '([executor] kind = "slurm"), or say [task] timing_sensitive = false for a job whose step time '
+        "nothing beside it can change"
     )
+
+
+def _device_slots(contract, workers: int, devices: list[str]) -> list[str]:
+    """``devices`` cut into one ``CUDA_VISIBLE_DEVICES`` value per worker (a rank's GPU each)."""
+    if contract.executor.kind != "local":
+        raise UsageError(f"--devices: the {contract.executor.kind} executor's jobs get their GPUs from the cluster")
+    if len(set(devices)) != len(devices) or not all(d.strip() and "," not in d for d in devices):
+        raise UsageError(f"--devices {','.join(devices)}: expected distinct GPU indexes or UUIDs, e.g. 0,1,2,3")
+    each = contract.task.nproc_per_node if contract.task.launcher != "none" else 1
+    if len(devices) < workers * each:
+        raise UsageError(
+            f"--devices {','.join(devices)}: {workers} workers of {each} GPU(s) each need {workers * each}, "
+            f"got {len(devices)}"
+        )
+    return [",".join(devices[slot * each : (slot + 1) * each]) for slot in range(workers)]
 
 
 _LOCAL = None  # a worker process's own LocalExecutor, made at its first run
 
 
-def _run_local(contract, pinned, candidate):
+def _run_local(contract, pinned, candidate, devices: str | None = None):
     """One execution in a worker process (the local executor): its own interpreter, so the
-    runner's clock in one never waits for another's hashing or reading to let go of the GIL."""
+    runner's clock in one never waits for another's hashing or reading to let go of the GIL.
+    ``devices``: the worker slot's ``CUDA_VISIBLE_DEVICES``."""
     global _LOCAL
     if _LOCAL is None:
         from infrarsi.runner import LocalExecutor
 
         _LOCAL = LocalExecutor()
+    _LOCAL.devices = devices
     return _LOCAL.run(contract, pinned, candidate)
 
 
@@ -69,9 +97,10 @@ def _pool(executor, workers: int):
 class ParallelExploration(Exploration):
     """Exploration with ``workers`` executions in flight."""
 
-    def __init__(self, session, pack: dict | None, workers: int) -> None:
+    def __init__(self, session, pack: dict | None, workers: int, devices: list[str] | None = None) -> None:
         super().__init__(session, pack)
         self.workers = workers
+        self.devices = devices  # each worker slot's CUDA_VISIBLE_DEVICES (check_workers), or None
         self.queue: list[tuple] = []  # (point, origin, depth, the oom it rescues): starts and rescues first
         self.slot = 0
         self.stale = 0
@@ -164,7 +193,8 @@ class ParallelExploration(Exploration):
         executor = session.worker(slot, session.ws.ledger.count())
         if isinstance(pool, ProcessPoolExecutor):  # journalled here, run in the worker process
             executor.begin(candidate)
-            future = pool.submit(_run_local, session.ws.contract, session.ws.manifest.files, candidate)
+            devices = self.devices[slot] if self.devices else None
+            future = pool.submit(_run_local, session.ws.contract, session.ws.manifest.files, candidate, devices)
         else:
             future = pool.submit(executor.run, session.ws.contract, session.ws.manifest.files, candidate)
         session.tick("explore", f"{origin}: sent")

@@ -36,6 +36,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+def _executor(parser: argparse.ArgumentParser) -> None:
+    """The [executor] table's keys as flags: each replaces the contract's for this command."""
+    group = parser.add_argument_group(
+        "executor", "replace keys of the contract's [executor] table for this command (docs/cluster.md)"
+    )
+    group.add_argument("--executor", dest="executor_kind", choices=["local", "slurm"], help="[executor] kind")
+    group.add_argument("--partition", help="[executor] partition (#SBATCH --partition)")
+    group.add_argument("--account", help="[executor] account (#SBATCH --account)")
+    group.add_argument("--time-limit-min", type=int, metavar="MIN", help="[executor] time_limit_min")
+    group.add_argument("--gpus-per-node", type=int, metavar="N", help="[executor] gpus_per_node")
+    group.add_argument("--cpus-per-task", type=int, metavar="N", help="[executor] cpus_per_task")
+    group.add_argument(
+        "--sbatch",
+        action="append",
+        metavar="--KEY=VALUE",
+        help="more #SBATCH options, replacing the contract's list (repeat it; write --sbatch=--qos=high)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="infrarsi",
@@ -65,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("baseline", help="measure the original setup N times")
     _common(p)
+    _executor(p)
     p.add_argument("--runs", type=int, default=5, help="number of runs (default 5)")
     p.add_argument(
         "--force",
@@ -80,11 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("run", help="one execution with knob settings and patches")
     _common(p)
+    _executor(p)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
     p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
 
     p = verbs.add_parser("verify", help="full check of one candidate: scope, integrity, numerics, timing, A/B")
     _common(p)
+    _executor(p)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE")
     p.add_argument("--patch", dest="patches", action="append", default=[], metavar="NAME|FILE")
     p.add_argument(
@@ -104,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("search", help="guarded search over knobs x patches; promotes only candidates with receipts")
     _common(p)
+    _executor(p)
     p.add_argument(
         "--budget",
         type=int,
@@ -117,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="explorations in flight at once (default 1): with the slurm executor, or a contract whose "
         "[task] timing_sensitive = false; promotions still run one at a time",
+    )
+    p.add_argument(
+        "--devices",
+        type=lambda text: text.split(","),
+        default=None,
+        metavar="0,1,...",
+        help="GPUs for the local executor's workers: each gets its own CUDA_VISIBLE_DEVICES (a GPU per rank), "
+        "which lets a GPU job run --workers at once",
     )
     p.add_argument("--pack", default=None, metavar="PACK.json", help="an experience pack to use as priors")
     p.add_argument("--seed", type=int, default=None, help="seed of the random starts (default: the contract's)")

@@ -15,6 +15,20 @@ from infrarsi.cli._texts import baseline_lines, detectable, revision_lines
 __all__ = ["COMMANDS"]
 
 
+def executor_flags(args) -> dict | None:
+    """The [executor] keys the command line set (`--partition gpu` -> {"partition": "gpu"}); None: none."""
+    given = {
+        "kind": args.executor_kind,
+        "partition": args.partition,
+        "account": args.account,
+        "time_limit_min": args.time_limit_min,
+        "gpus_per_node": args.gpus_per_node,
+        "cpus_per_task": args.cpus_per_task,
+        "sbatch": args.sbatch,
+    }
+    return {key: value for key, value in given.items() if value is not None} or None
+
+
 def _cmd_init(args) -> int:
     from infrarsi import init
 
@@ -63,6 +77,7 @@ def _cmd_baseline(args) -> int:
                 progress=bar.update if bar else None,
                 force=args.force,
                 calibrate=args.calibrate,
+                executor_flags=executor_flags(args),
             )
     except BaselineRejected as exc:
         print(f"infrarsi: {exc}", file=sys.stderr)
@@ -104,7 +119,7 @@ def _self_check(summary) -> dict:
 def _cmd_run(args) -> int:
     from infrarsi import run
 
-    outcome = run(args.contract, sets=args.sets, patches=args.patches)
+    outcome = run(args.contract, sets=args.sets, patches=args.patches, executor_flags=executor_flags(args))
     human = (
         f"execution {outcome.execution}: {outcome.status}"
         + (f", step {outcome.step_time_s * 1e3:.2f} ms" if outcome.step_time_s else "")
@@ -128,6 +143,7 @@ def _cmd_verify(args) -> int:
             progress=bar.update if bar else None,
             keep_going=args.keep_going,
             max_pairs=args.max_pairs,
+            executor_flags=executor_flags(args),
         )
     width = max(len(c.id) for c in outcome.checks)
     lines = [
@@ -163,6 +179,8 @@ def _cmd_search(args) -> int:
             seed=args.seed,
             progress=bar.update if bar else None,
             workers=args.workers,
+            devices=args.devices,
+            executor_flags=executor_flags(args),
         )
     emit(args, outcome.to_json(), search_summary(outcome))
     return EXIT_OK if outcome.best else EXIT_REJECTED

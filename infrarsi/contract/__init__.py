@@ -15,6 +15,7 @@ from infrarsi.contract._candidate import (
 )
 from infrarsi.contract._contract import DEFAULT_CONTRACT, Contract, Knob, PatchSpec, load_contract, parse_contract
 from infrarsi.contract._convergence import Convergence
+from infrarsi.contract._executorflags import FLAGS as EXECUTOR_FLAGS, hardware_mismatch, with_executor_flags
 from infrarsi.contract._globs import check_glob, matches, matches_any
 from infrarsi.contract._launch import KnobLaunch
 from infrarsi.errors import ContractError
@@ -38,6 +39,9 @@ __all__ = [
     "long_run",
     "SEED_KNOB",
     "Convergence",
+    "EXECUTOR_FLAGS",
+    "with_executor_flags",
+    "hardware_mismatch",
     "check_glob",
     "matches",
     "matches_any",

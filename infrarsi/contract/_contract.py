@@ -82,6 +82,9 @@ class Contract:
     patches: tuple[PatchSpec, ...] = ()
     log_patterns: dict[str, str] | None = None
     convergence: Convergence | None = None  # [numerics.convergence], where the contract has it
+    # [executor] keys set by command-line flags for one command (contract/_executorflags.py):
+    # ``executor`` holds the table with them; the file, its text and hash are the pinned ones.
+    executor_flags: dict[str, Any] = field(default_factory=dict)
 
     @property
     def workspace(self) -> Path:

@@ -107,8 +107,9 @@ def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dic
 class LocalExecutor:
     """Runs executions one at a time on this machine."""
 
-    def __init__(self, keep_sandbox: bool = False) -> None:
+    def __init__(self, keep_sandbox: bool = False, devices: str | None = None) -> None:
         self.keep_sandbox = keep_sandbox
+        self.devices = devices  # the job's CUDA_VISIBLE_DEVICES (a search worker's own GPUs); None: as given
         self._framework = hash_framework()
         self._environment = EnvironmentWatch()
         self._watch = threading.Lock()  # runs side by side (search --workers) take the environment's watch in turn
@@ -163,6 +164,8 @@ class LocalExecutor:
         log_mode = contract.task.evidence == "log"
         extra = dict(knob_env)
         extra[STEPS_ENV] = str(contract.total_steps)
+        if self.devices is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = self.devices
         sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
         # Under a launcher: one socket for every rank, on which the kernel says which process
         # (so which rank) wrote; the launcher's own processes are not the job's memory.
@@ -238,6 +241,7 @@ class LocalExecutor:
             },
             "integrity": integrity,
             "fingerprint": environment_fingerprint(),
+            **({"devices": self.devices} if self.devices is not None else {}),
         }
         if log_mode:
             evidence["stdout"] = [[stamp, text] for stamp, text in seen.stdout_lines[:10000]]

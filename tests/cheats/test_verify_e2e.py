@@ -70,9 +70,11 @@ def test_real_speed_patch_is_accepted_with_a_receipt_that_detects_any_byte_chang
 
 
 def test_no_op_patch_is_rejected_on_stats_alone(tinygpt_workspace):
-    # Two pairs (not the contract's five): a no-op has nothing to show in any number of them.
+    # Two pairs, then one look more (not the contract's 5 to 8): a no-op has nothing to show in any number.
     patch = str(HERE / "honest" / "comment-only.diff")
-    proc = _cli("verify", "--contract", str(tinygpt_workspace), "--patch", patch, "--pairs", "2", "--json")
+    proc = _cli(
+        "verify", "--contract", str(tinygpt_workspace), "--patch", patch, "--pairs", "2", "--max-pairs", "3", "--json"
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["accepted"] is False and out["receipt"] is None

@@ -80,6 +80,32 @@ def test_an_atom_seen_only_in_ooms_is_learned_to_cost_memory():
     assert dropped.p_fit([space.with_atoms(base, ["+p"])])[0] > 0.5  # dropping OOMs: "it fits"
 
 
+def test_an_atom_that_only_ever_ran_out_of_memory_is_not_tried_again_at_the_limits_edge():
+    """The demo's trap: `+p` beside a memory-hungry but fitting `a=1` runs out of memory with
+    every partner; the fit puts `+p` just over the limit each time, so without the OOMs' blame
+    the next combination is a coin toss, however many came before."""
+    space, limit = _space(), 500.0
+    base = space.baseline()
+    fits = [(base, 400.0), (space.with_atoms(base, ["a=1"]), 490.0), (space.with_atoms(base, ["b=1"]), 362.0)]
+    tried = [["a=1", "+p"], ["a=1", "+p", "b=1"], ["a=1", "+p", "c=1"], ["a=1", "+p", "b=2"]]
+    points = [p for p, _ in fits] + [space.with_atoms(base, t) for t in tried]
+    peaks = [v for _, v in fits] + [None] * len(tried)
+    oom = [False] * len(fits) + [True] * len(tried)
+    model = MemoryModel(space, limit).fit(points, peaks, oom)
+    untried = space.with_atoms(base, ["a=1", "+p", "b=2", "d=1"])
+    assert model.unescaped_["+p"] > 2 and "a=1" not in model.unescaped_  # a=1 fitted: never blamed
+    assert model.p_fit([untried])[0] < 0.1
+    without = MemoryModel(space, limit).fit(points, peaks, oom)
+    without.unescaped_ = {}
+    assert without.p_fit([untried])[0] > 0.3  # the fit alone: near the edge
+    # The first run in which `+p` fits clears its share.
+    cleared = MemoryModel(space, limit).fit(
+        points + [space.with_atoms(base, ["+p", "b=2"])], peaks + [430.0], oom + [False]
+    )
+    assert "+p" not in cleared.unescaped_
+    assert cleared.p_fit([space.with_atoms(base, ["+p", "b=1"])])[0] > 0.5
+
+
 def test_speed_model_learns_an_interaction_and_is_unsure_where_it_has_no_data():
     space = _space()
     rng = random.Random(1)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ledger_rows import evidence, rows
 
 from infrarsi.examples.landscape import Landscape, make_workspace
 
@@ -50,22 +50,16 @@ def _workspace(tmp_path: Path, land: Landscape) -> Path:
     return root
 
 
-def _rows(root: Path) -> list[dict]:
-    with sqlite3.connect(root / ".infrarsi" / "ledger.db") as db:
-        db.row_factory = sqlite3.Row
-        return [dict(r) for r in db.execute("select * from executions order by id")]
-
-
 def test_workers_are_refused_where_runs_side_by_side_would_time_each_other(tmp_path):
     root = _workspace(tmp_path, _land("sensitive", base_ms=20.0))
     contract = root / "infrarsi.toml"
     contract.write_text(contract.read_text().replace("timing_sensitive = false", "timing_sensitive = true"))
     assert _cli(root, "init", "--update")[0].returncode == 0
-    before = len(_rows(root))
+    before = len(rows(root))
     done, out = _cli(root, "search", "--workers", "2", "--json")
     assert done.returncode == 2, done.stderr
     assert "timing_sensitive = false" in out["error"] and "slurm" in out["error"]
-    assert len(_rows(root)) == before  # nothing ran
+    assert len(rows(root)) == before  # nothing ran
     done, out = _cli(root, "search", "--workers", "0", "--json")
     assert done.returncode == 2 and "expected 1 or more" in out["error"]
 
@@ -73,7 +67,7 @@ def test_workers_are_refused_where_runs_side_by_side_would_time_each_other(tmp_p
 def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_path):
     root = _workspace(tmp_path, _land("killed", base_ms=250.0))
     proc = subprocess.Popen(
-        CLI + ["search", "--workers", "3", "--budget", "16", "--json"],
+        CLI + ["search", "--workers", "3", "--budget", "16", "--devices", "0,1,2", "--json"],
         cwd=root,
         start_new_session=True,
         stdout=subprocess.PIPE,
@@ -82,14 +76,14 @@ def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_p
     journals = root / ".infrarsi" / "search"
     deadline = time.monotonic() + PATIENCE_S
     while not (
-        sum(1 for r in _rows(root) if r["kind"] == "search") >= 3 and len(list(journals.glob("*.inflight*.json"))) >= 2
+        sum(1 for r in rows(root) if r["kind"] == "search") >= 3 and len(list(journals.glob("*.inflight*.json"))) >= 2
     ):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = _rows(root)
+    before = rows(root)
     in_flight = [json.loads(p.read_text()) for p in journals.glob("*.inflight*.json")]
     unrecorded = [
         e
@@ -99,7 +93,7 @@ def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_p
 
     done, out = _cli(root, "search", "--resume", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
-    after = _rows(root)
+    after = rows(root)
     assert after[: len(before)] == before  # nothing recorded before the kill changed
     cut = [r for r in after[len(before) :] if r["status"] == "crash" and r["detail"].startswith("interrupted")]
     assert len(cut) == len(unrecorded) >= 1, (in_flight, cut)
@@ -108,5 +102,14 @@ def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_p
     ]
     assert len(explored) == len(set(explored)), explored
     assert out["executions"] <= 16 and not list(journals.glob("*.inflight*.json"))
+    # Each worker had GPUs of its own (--devices, kept by the resume): runs that overlapped never shared one.
+    spans = [
+        (seen["started_ns"], seen["ended_ns"], seen["devices"])
+        for seen in (evidence(root, r) for r in after if r["kind"] == "search" and r["status"] != "rejected")
+        if "started_ns" in seen
+    ]
+    assert len(spans) >= 3 and {d for *_, d in spans} <= {"0", "1", "2"}, spans
+    overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1 :] if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping and all(a[2] != b[2] for a, b in overlapping), overlapping
     audit, report = _cli(root, "audit", str(root / ".infrarsi" / "ledger.db"), "--json")
     assert audit.returncode == 0 and report["chain_ok"], audit.stdout[-2000:]

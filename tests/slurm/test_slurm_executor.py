@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ledger_rows import evidence, rows
 
 from infrarsi._receipt import verify_receipt
 from infrarsi.examples.landscape import Landscape, make_workspace
-from infrarsi.ledger import Ledger
 
 # Alone (the serial pass): one cluster for the module's tests, and never beside the containment
 # cheats, which SIGSTOP every train.py on the machine (tests/cheats/containment/); a stray killed
@@ -45,18 +44,6 @@ def _workspace(tmp_path: Path, land: Landscape, **kw) -> Path:
         done, _ = _cli(root, *verb, "--json")
         assert done.returncode == 0, done.stderr
     return root
-
-
-def _rows(root: Path) -> list[dict]:
-    with sqlite3.connect(root / ".infrarsi" / "ledger.db") as db:
-        db.row_factory = sqlite3.Row
-        return [dict(r) for r in db.execute("select * from executions order by id")]
-
-
-def _evidence(root: Path, row: dict) -> dict:
-    with Ledger.open(root / ".infrarsi" / "ledger.db") as ledger:
-        blob = ledger.get_blob(row["evidence_hash"]) if row["evidence_hash"] else None
-    return json.loads(blob) if blob else {}
 
 
 def _running_job(cluster, deadline: float) -> str:
@@ -90,14 +77,14 @@ def test_a_search_runs_each_execution_as_a_slurm_job_and_promotes_with_a_receipt
     assert best is not None and best["knobs"]["fast"] == "1", out["attempts"]
     assert verify_receipt(best["receipt"]).ok
 
-    runs = [r for r in _rows(root) if r["kind"] != "proposal" and r["status"] != "rejected"]
+    runs = [r for r in rows(root) if r["kind"] != "proposal" and r["status"] != "rejected"]
     jobs: dict[str, set[str]] = {}  # job id -> the batches its executions belong to
     alone = 0
     for row in runs:
-        evidence = _evidence(root, row)
-        slurm_ev = evidence.get("slurm") or {}
-        assert slurm_ev.get("job_id") and slurm_ev.get("node") == slurm.host, (row["id"], evidence.keys())
-        assert evidence["fingerprint"]["slurm_node"] == slurm.host
+        seen = evidence(root, row)
+        slurm_ev = seen.get("slurm") or {}
+        assert slurm_ev.get("job_id") and slurm_ev.get("node") == slurm.host, (row["id"], seen.keys())
+        assert seen["fingerprint"]["slurm_node"] == slurm.host
         jobs.setdefault(slurm_ev["job_id"], set()).add(row["batch"])
         alone += row["kind"] in ("baseline", "search")
     # The promotion's verify (its candidate run and every A/B pair) held one allocation, one job;
@@ -133,11 +120,11 @@ def test_a_job_cancelled_mid_run_is_recorded_with_slurms_state_and_run_time(slur
     time.sleep(2.0)  # the job runs a while: its run time is Slurm's, not zero
     subprocess.run(["scancel", job], check=True)
     stdout, stderr = proc.communicate(timeout=PATIENCE_S)
-    row = _rows(root)[-1]
+    row = rows(root)[-1]
     assert row["status"] == "crash", (row, stderr)
     assert row["detail"].startswith(f"interrupted: slurm job {job} CANCELLED"), row["detail"]
     assert row["device_s"] >= 1.0, row
-    assert _evidence(root, row)["slurm"]["state"] == "CANCELLED"
+    assert evidence(root, row)["slurm"]["state"] == "CANCELLED"
 
 
 def test_a_driver_killed_with_a_job_in_flight_resumes_with_that_jobs_own_result(slurm, tmp_path):
@@ -172,14 +159,14 @@ def test_a_driver_killed_with_a_job_in_flight_resumes_with_that_jobs_own_result(
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = _rows(root)
-    assert not any((_evidence(root, r).get("slurm") or {}).get("job_id") == job for r in before)
+    before = rows(root)
+    assert not any((evidence(root, r).get("slurm") or {}).get("job_id") == job for r in before)
 
     done, out = _cli(root, "search", "--resume", "--json")
     assert done.returncode == 0, done.stderr
-    after = _rows(root)
+    after = rows(root)
     assert after[: len(before)] == before
-    mine = [r for r in after if (_evidence(root, r).get("slurm") or {}).get("job_id") == job]
+    mine = [r for r in after if (evidence(root, r).get("slurm") or {}).get("job_id") == job]
     assert len(mine) == 1, [(r["id"], r["status"], r["detail"]) for r in mine]  # recorded once, never re-run
     assert mine[0]["status"] == "ok" and not mine[0]["detail"].startswith("interrupted"), mine[0]
     # Judged as any run is (its verdicts and rule version recorded), and that point never run again.
@@ -187,3 +174,41 @@ def test_a_driver_killed_with_a_job_in_flight_resumes_with_that_jobs_own_result(
     again = [r for r in after if r["kind"] == "search" and r["knobs"] == mine[0]["knobs"]]
     assert len(again) == 1, [(r["id"], r["status"]) for r in again]
     assert any(f"recorded slurm job {job}" in m for m in out.get("messages", [])), out.get("messages")
+
+
+def test_flags_send_a_local_contracts_runs_to_slurm_and_the_baselines_hardware_must_match(slurm, tmp_path):
+    """`--executor slurm --sbatch=... --time-limit-min N` on a contract that says nothing of Slurm."""
+    land = Landscape(
+        name="flags",
+        patches=[],
+        knobs={"fast": (["0", "1"], "0")},
+        base_ms=30.0,
+        base_mb=40.0,
+        limit_mb=400.0,
+        noise=0.01,
+        time={"fast=1": 0.5},
+    )
+    root = make_workspace(tmp_path / land.name, land, ab_pairs=2)
+    flags = ["--executor", "slurm", "--sbatch=--comment=from-flags", "--time-limit-min", "7"]
+    assert _cli(root, "init", "--json")[0].returncode == 0
+    done, _ = _cli(root, "baseline", "--runs", "1", *flags, "--json")
+    assert done.returncode == 0, done.stderr
+    done, out = _cli(root, "run", "--set", "fast=1", *flags, "--account", "anyone", "--json")
+    assert done.returncode == 0, done.stderr
+    row = rows(root)[-1]
+    seen = evidence(root, row)
+    assert seen["slurm"]["node"] == slurm.host and row["id"] == out["execution"]
+    assert seen["executor_flags"] == {
+        "kind": "slurm",
+        "sbatch": ["--comment=from-flags"],
+        "time_limit_min": 7,
+        "account": "anyone",
+    }
+    script = (root / ".infrarsi" / "slurm" / seen["slurm"]["job_id"]).glob("*submission.sh")
+    text = next(script).read_text()
+    assert "#SBATCH --comment=from-flags" in text and "#SBATCH --time=7" in text and "--account=anyone" in text
+    # The baseline ran on Slurm: a verify on this machine (the contract's own executor) is refused.
+    done, out = _cli(root, "verify", "--set", "fast=1", "--json")
+    assert done.returncode == 2 and "--executor: 'slurm' -> the contract's" in out["error"], done.stderr
+    done, out = _cli(root, "run", *flags, "--sbatch=qos", "--json")
+    assert done.returncode == 2 and out["error"].startswith('--sbatch: expected options of the form "--key=value"')

@@ -22,6 +22,9 @@ __all__ = ["SpeedModel", "MemoryModel", "Failures", "expected_improvement"]
 INTERACTION_SCALE = 0.5  # prior std of an interaction, relative to a main effect
 PRIOR_LOG_STD = 0.3  # before any data: a change may move the step time by ~30%
 SIGMA_FLOOR = 0.02  # peak memory's run-to-run noise is never taken as under 2%, however well a fit goes
+# Each out-of-memory run containing an atom that has never fitted multiplies the chance that a
+# point with that atom fits by this (see MemoryModel.p_fit).
+UNESCAPED_OOM_FACTOR = 0.5
 
 
 def _features(space: Space, points: list[Point]) -> np.ndarray:
@@ -92,6 +95,16 @@ class MemoryModel:
     is above ``limit_mb``. The likelihood (Tobit) counts the first through the normal
     density and the second through the survival function, so OOM-only evidence still
     moves the fit; dropping OOMs would teach the model that every change fits.
+
+    An atom seen only in runs out of memory has only lower bounds on its effect, and the
+    fit puts it at the lowest: just enough to push those runs over the limit. A new point
+    with it and a little less of something else is then predicted right at the limit,
+    p_fit about 0.5, however many times that atom has run out of memory (the demo's
+    search once spent 9 of 17 runs, 27 s each, on `compile=1` combinations so predicted).
+    So each OOM run is also blamed on its atoms that never fitted, shared equally among
+    them (as `Failures` shares a crash among its suspects), and `p_fit` multiplies a
+    point's chance by `UNESCAPED_OOM_FACTOR` per whole run of blame its atoms carry; the
+    first run in which an atom fits clears its share.
     """
 
     space: Space
@@ -101,9 +114,16 @@ class MemoryModel:
     intercept_: float = 0.0
     sigma_: float = 0.1
     _precision: np.ndarray | None = None
+    unescaped_: dict[Atom, float] = field(default_factory=dict)  # atom -> its share of OOMs, never having fitted
 
     def fit(self, points: list[Point], peaks_mb: list[float | None], censored: list[bool]) -> "MemoryModel":
         """``peaks_mb[i]`` is the measured peak, or ignored when ``censored[i]`` (an OOM)."""
+        fitted = set().union(*(self.space.atoms_of(p) for p, c in zip(points, censored) if not c))
+        self.unescaped_ = {}
+        for point in (p for p, c in zip(points, censored) if c):
+            suspects = self.space.atoms_of(point) - fitted
+            for atom in suspects:
+                self.unescaped_[atom] = self.unescaped_.get(atom, 0.0) + 1.0 / len(suspects)
         x = _features(self.space, points)
         n, d = x.shape
         cens = np.asarray(censored, dtype=bool)
@@ -170,9 +190,14 @@ class MemoryModel:
         return np.exp(self.predict(points)[0])
 
     def p_fit(self, points: list[Point]) -> np.ndarray:
-        """Probability that each point's peak stays under the limit."""
+        """Probability that each point's peak stays under the limit: the fit's, times
+        `UNESCAPED_OOM_FACTOR` per OOM run of blame its atoms that never fitted carry."""
         mean, std = self.predict(points)
-        return stats.norm.cdf((math.log(self.limit_mb) - mean) / std)
+        p = stats.norm.cdf((math.log(self.limit_mb) - mean) / std)
+        if self.unescaped_:
+            runs = [sum(self.unescaped_.get(a, 0.0) for a in self.space.atoms_of(q)) for q in points]
+            p = p * UNESCAPED_OOM_FACTOR ** np.asarray(runs, dtype=float)
+        return p
 
 
 @dataclass

@@ -121,6 +121,12 @@ class SearchState:
         weights = [1.0] * len(ok) + [PRIOR_WEIGHT] * len(self.priors) + [1.0] * len(self.pending)
         return SpeedModel(self.space).fit(points, times, weights)
 
+    def cost_model(self) -> SpeedModel:
+        """log(device-seconds) of every run that cost any, out of memory or crashed too: what
+        trying a point costs (a compile that runs out of memory after 27 s costs 27 s)."""
+        runs = [o for o in self.observations if o.device_s and o.device_s > 0]
+        return SpeedModel(self.space).fit([o.point for o in runs], [o.device_s for o in runs])
+
     def memory_model(self) -> MemoryModel:
         seen = [
             o for o in [self.baseline] + self.observations if (o.status == "ok" and o.peak_mem_mb) or o.status == "oom"

@@ -1,0 +1,80 @@
+"""The ``[executor]`` table set from the command line: ``--executor slurm --partition gpu ...``.
+
+A flag replaces its key of the pinned contract's table for one command; the contract's file
+(its text, hash and manifest) is untouched, and the table is validated exactly as a
+contract's (the same schema, the same ``#SBATCH`` option check), with errors naming the flag.
+Keys that decide the hardware (`HARDWARE_KEYS`) must match between a baseline and the
+verify or search compared with it: `hardware_mismatch` says where they don't.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from infrarsi.contract._contract import Contract, Section, _Parser
+from infrarsi.contract._crosschecks import check_executor
+from infrarsi.contract._schema import SECTIONS
+from infrarsi.errors import UsageError
+
+__all__ = ["FLAGS", "HARDWARE_KEYS", "with_executor_flags", "hardware_mismatch"]
+
+# --flag -> [executor] key
+FLAGS = {
+    "--executor": "kind",
+    "--partition": "partition",
+    "--account": "account",
+    "--time-limit-min": "time_limit_min",
+    "--gpus-per-node": "gpus_per_node",
+    "--cpus-per-task": "cpus_per_task",
+    "--sbatch": "sbatch",
+}
+_FLAG_OF = {key: flag for flag, key in FLAGS.items()}
+
+# What decides the hardware a run gets (the account and the time limit do not).
+HARDWARE_KEYS = ("kind", "partition", "gpus_per_node", "cpus_per_task", "sbatch")
+
+
+class _FlagParser(_Parser):
+    def fail(self, table, key, message, index=0):
+        raise UsageError(f"{_FLAG_OF.get(key, key)}: {message}")
+
+
+def with_executor_flags(contract: Contract, flags: Mapping[str, Any]) -> Contract:
+    """``contract`` with the ``[executor]`` keys in ``flags`` (key -> value as TOML would give
+    it) replacing its own; ``contract.executor_flags`` keeps what was replaced. Raises
+    UsageError naming the flag for a value the table would refuse."""
+    if not flags:
+        return contract
+    unknown = sorted(set(flags) - set(_FLAG_OF))
+    if unknown:
+        raise UsageError(f"unknown [executor] key(s) {', '.join(unknown)}; expected one of {', '.join(_FLAG_OF)}")
+    raw = dict(tomllib.loads(contract.text).get("executor", {}))
+    raw.update(flags)
+    parser = _FlagParser(contract.path, contract.text, check_files=False)
+    values = parser.section("executor", raw, SECTIONS["executor"])
+    section = Section(values)
+    check_executor(section, parser.fail)
+    return dataclasses.replace(contract, executor=section, executor_flags=dict(flags))
+
+
+def hardware_mismatch(measured: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """The hardware keys set differently by the flags a baseline was measured under
+    (``measured``) and the flags of this command (``now``): ``["--partition: 'a' -> 'b'"]``."""
+    measured, now = measured or {}, now or {}
+    out = []
+    for key in HARDWARE_KEYS:
+        before, after = _plain(measured.get(key)), _plain(now.get(key))
+        if before != after:
+            out.append(f"{_FLAG_OF[key]}: {_shown(before)} -> {_shown(after)}")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _shown(value: Any) -> str:
+    return "the contract's" if value is None else repr(value)
