@@ -14,8 +14,14 @@ from pathlib import Path
 
 from infrarsi._manifest import MANIFEST_NAME, Manifest, build_manifest, load_manifest, parse_manifest
 from infrarsi._workspace import KEYS_DIR, LEDGER_NAME
-from infrarsi.contract import Contract, launch_settings, load_contract, parse_contract
-from infrarsi.contract._executorflags import HARDWARE_KEYS, hardware_mismatch
+from infrarsi.contract import (
+    HARDWARE_KEYS,
+    Contract,
+    hardware_mismatch,
+    launch_settings,
+    load_contract,
+    parse_contract,
+)
 from infrarsi.errors import ContractError, ManifestError, UsageError
 from infrarsi.ledger import KeyPair, Ledger
 

@@ -15,7 +15,12 @@ from infrarsi.contract._candidate import (
 )
 from infrarsi.contract._contract import DEFAULT_CONTRACT, Contract, Knob, PatchSpec, load_contract, parse_contract
 from infrarsi.contract._convergence import Convergence
-from infrarsi.contract._executorflags import FLAGS as EXECUTOR_FLAGS, hardware_mismatch, with_executor_flags
+from infrarsi.contract._executorflags import (
+    FLAGS as EXECUTOR_FLAGS,
+    HARDWARE_KEYS,
+    hardware_mismatch,
+    with_executor_flags,
+)
 from infrarsi.contract._globs import check_glob, matches, matches_any
 from infrarsi.contract._launch import KnobLaunch
 from infrarsi.errors import ContractError
@@ -40,6 +45,7 @@ __all__ = [
     "SEED_KNOB",
     "Convergence",
     "EXECUTOR_FLAGS",
+    "HARDWARE_KEYS",
     "with_executor_flags",
     "hardware_mismatch",
     "check_glob",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,14 +14,15 @@ from pathlib import Path
 import pytest
 from chat_server import ChatServer, Reply
 from hypothesis import given, settings, strategies as st
+from ledger_rows import rows as ledger_rows
 
 from infrarsi._receipt import verify_receipt
 from infrarsi._search._pack import PACK_VERSION, validate_pack
 from infrarsi.errors import UsageError
 from infrarsi.examples.landscape import Landscape, make_workspace
 
-# Alone, never beside another test: the searches promote what their A/B resolves.
-pytestmark = pytest.mark.serial
+# Beside other tests (the parallel pass): the landscape's job sleeps, so a test beside it moves
+# both arms of an A/B alike, as in tests/search/test_search_convergence.py, which promotes there too.
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
@@ -42,12 +42,6 @@ def _workspace(tmp_path: Path, land: Landscape, **kw) -> Path:
         done, _ = _cli(*verb, "--json", cwd=root)
         assert done.returncode == 0, done.stderr
     return root
-
-
-def _rows(root: Path) -> list[dict]:
-    with sqlite3.connect(root / ".infrarsi" / "ledger.db") as db:
-        db.row_factory = sqlite3.Row
-        return [dict(r) for r in db.execute("select * from executions order by id")]
 
 
 def _assert_best_is_receipted(out: dict, root: Path) -> None:
@@ -95,7 +89,7 @@ def test_partner_search_rescues_an_out_of_memory_candidate(tmp_path):
     # Designed at 2x; two pairs on a busy machine have put the lower bound at 1.39.
     assert out["best"]["speedup"]["ci_low"] > 1.2
     _assert_best_is_receipted(out, root)
-    rows = _rows(root)
+    rows = ledger_rows(root)
     assert (
         out["executions"]
         == sum(1 for r in rows if r["batch"].startswith(f"search-{out['search']}") and r["kind"] != "proposal")
@@ -199,7 +193,7 @@ def test_a_fast_candidate_that_changes_the_job_is_never_best(tmp_path):
     cheats = [h for h in out["history"] if "skip-work" in h["patches"]]
     assert cheats and all(h["status"] == "rejected" for h in cheats)
     assert any(i["atoms"] == ["+skip-work"] and i["learned"] for i in out["incompatibilities"])
-    failed = [json.loads(r["verdicts"]) for r in _rows(root) if r["status"] == "rejected"]
+    failed = [json.loads(r["verdicts"]) for r in ledger_rows(root) if r["status"] == "rejected"]
     assert all(any(v["id"] == "numerics.loss" and v["status"] == "fail" for v in vs) for vs in failed)
     assert not list((root / ".infrarsi" / "receipts").glob("*.json"))
 
@@ -225,19 +219,19 @@ def test_resume_after_sigkill_repeats_nothing_and_loses_nothing(tmp_path):
         stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + PATIENCE_S
-    while sum(1 for r in _rows(root) if r["kind"] == "search") < 4:
+    while sum(1 for r in ledger_rows(root) if r["kind"] == "search") < 4:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = _rows(root)
+    before = ledger_rows(root)
     journal = list((root / ".infrarsi" / "search").glob("*.inflight.json"))
 
     done, out = _cli("search", "--resume", "--json", cwd=root)
     assert done.returncode == 0, done.stderr
     assert out["resumed"] is True
-    after = _rows(root)
+    after = ledger_rows(root)
     # Nothing recorded before the kill is lost or changed; the chain verifies.
     assert after[: len(before)] == before
     audit, report = _cli("audit", str(root / ".infrarsi" / "ledger.db"), "--json", cwd=root)
@@ -317,7 +311,7 @@ def test_llm_proposer_end_to_end_against_a_loopback_endpoint(tmp_path):
     assert done.returncode == 0, done.stderr
     assert len(requests) == 1 and requests[0].authorization == "Bearer sk-loopback"
     assert out["cost"]["llm_tokens"] == 1000 and out["cost"]["llm_cost"] == pytest.approx(0.5)
-    rows = _rows(root)
+    rows = ledger_rows(root)
     proposals = [r for r in rows if r["kind"] == "proposal"]
     assert sorted(r["status"] for r in proposals) == ["ok", "rejected", "rejected"]
     out_of_scope, unsafe = (r for r in proposals if r["status"] == "rejected")
