@@ -100,7 +100,7 @@ class MemoryModel:
     fit puts it at the lowest: just enough to push those runs over the limit. A new point
     with it and a little less of something else is then predicted right at the limit,
     p_fit about 0.5, however many times that atom has run out of memory (the demo's
-    search once spent 9 of 17 runs, 27 s each, on `compile=1` combinations so predicted).
+    search once spent 10 of 17 runs, 27 s each, on `compile=1` combinations so predicted).
     So each OOM run is also blamed on its atoms that never fitted, shared equally among
     them (as `Failures` shares a crash among its suspects), and `p_fit` multiplies a
     point's chance by `UNESCAPED_OOM_FACTOR` per whole run of blame its atoms carry; the
