@@ -276,7 +276,7 @@ def check_baseline_current(ledger: Ledger, current: Manifest, baseline: dict, co
     why = stale_baseline(ledger, manifests_in(ledger), current, contract, baseline, contract.workspace)
     if why is not None:
         raise UsageError(f"{why}: run `infrarsi baseline` for a new one")
-    other = hardware_mismatch(baseline["summary"].get("executor_flags"), contract.executor_flags)
+    other = hardware_mismatch(contract, baseline["summary"].get("executor_flags"))
     if other:
         raise UsageError(
             f"the stored baseline (batch {baseline.get('batch')}) was measured on other hardware than these "

@@ -78,11 +78,15 @@ def test_any_flag_value_is_taken_or_refused_with_a_usage_error(tmp_path_factory,
         assert all(moved.executor.values[k] == (tuple(v) if isinstance(v, list) else v) for k, v in flags.items())
 
 
-def test_only_the_keys_that_decide_the_hardware_must_match_the_baselines():
-    assert hardware_mismatch(None, {"account": "other", "time_limit_min": 5}) == []
-    assert hardware_mismatch({"sbatch": ("--qos=a",)}, {"sbatch": ["--qos=a"]}) == []
-    assert hardware_mismatch({"partition": "a"}, {"partition": "b"}) == ["--partition: 'a' -> 'b'"]
-    assert hardware_mismatch({"kind": "slurm"}, {}) == ["--executor: 'slurm' -> the contract's"]
+def test_only_the_keys_that_decide_the_hardware_must_match_the_baselines(tmp_path):
+    contract = _contract(tmp_path)  # kind = "local", sbatch = ["--qos=low"]
+    now = with_executor_flags(contract, {"account": "other", "time_limit_min": 5})
+    assert hardware_mismatch(now, None) == []
+    # A flag that repeats the contract's value is the same hardware.
+    assert hardware_mismatch(contract, {"sbatch": ["--qos=low"], "kind": "local"}) == []
+    moved = with_executor_flags(contract, {"partition": "b"})
+    assert hardware_mismatch(moved, {"partition": "a"}) == ["--partition: 'a' -> 'b'"]
+    assert hardware_mismatch(contract, {"kind": "slurm"}) == ["--executor: 'slurm' -> 'local'"]
 
 
 def test_each_local_worker_gets_gpus_of_its_own_or_several_workers_are_refused(tmp_path):

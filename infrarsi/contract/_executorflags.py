@@ -48,33 +48,29 @@ def with_executor_flags(contract: Contract, flags: Mapping[str, Any]) -> Contrac
     UsageError naming the flag for a value the table would refuse."""
     if not flags:
         return contract
-    unknown = sorted(set(flags) - set(_FLAG_OF))
-    if unknown:
-        raise UsageError(f"unknown [executor] key(s) {', '.join(unknown)}; expected one of {', '.join(_FLAG_OF)}")
-    raw = dict(tomllib.loads(contract.text).get("executor", {}))
-    raw.update(flags)
-    parser = _FlagParser(contract.path, contract.text, check_files=False)
-    values = parser.section("executor", raw, SECTIONS["executor"])
-    section = Section(values)
-    check_executor(section, parser.fail)
-    return dataclasses.replace(contract, executor=section, executor_flags=dict(flags))
+    return dataclasses.replace(contract, executor=Section(_table(contract, flags)), executor_flags=dict(flags))
 
 
-def hardware_mismatch(measured: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
-    """The hardware keys set differently by the flags a baseline was measured under
-    (``measured``) and the flags of this command (``now``): ``["--partition: 'a' -> 'b'"]``."""
-    measured, now = measured or {}, now or {}
+def hardware_mismatch(contract: Contract, measured: Mapping[str, Any] | None) -> list[str]:
+    """Where the hardware keys of ``contract``'s table as this command has it (flags applied)
+    differ from the same table under the flags a baseline was measured with (``measured``):
+    ``["--partition: 'a' -> 'b'"]``. A flag that repeats the contract's value is no difference."""
+    then = _table(contract, measured or {})
     out = []
     for key in HARDWARE_KEYS:
-        before, after = _plain(measured.get(key)), _plain(now.get(key))
+        before, after = then[key], contract.executor.values[key]
         if before != after:
-            out.append(f"{_FLAG_OF[key]}: {_shown(before)} -> {_shown(after)}")
+            out.append(f"{_FLAG_OF[key]}: {before!r} -> {after!r}")
     return out
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, (list, tuple)) else value
-
-
-def _shown(value: Any) -> str:
-    return "the contract's" if value is None else repr(value)
+def _table(contract: Contract, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The pinned contract's ``[executor]`` table with ``flags`` over it, validated as the table is."""
+    unknown = sorted(set(flags) - set(_FLAG_OF))
+    if unknown:
+        raise UsageError(f"unknown [executor] key(s) {', '.join(unknown)}; expected one of {', '.join(_FLAG_OF)}")
+    raw = {**tomllib.loads(contract.text).get("executor", {}), **flags}
+    parser = _FlagParser(contract.path, contract.text, check_files=False)
+    values = parser.section("executor", raw, SECTIONS["executor"])
+    check_executor(Section(values), parser.fail)
+    return values

@@ -209,6 +209,6 @@ def test_flags_send_a_local_contracts_runs_to_slurm_and_the_baselines_hardware_m
     assert "#SBATCH --comment=from-flags" in text and "#SBATCH --time=7" in text and "--account=anyone" in text
     # The baseline ran on Slurm: a verify on this machine (the contract's own executor) is refused.
     done, out = _cli(root, "verify", "--set", "fast=1", "--json")
-    assert done.returncode == 2 and "--executor: 'slurm' -> the contract's" in out["error"], done.stderr
+    assert done.returncode == 2 and "--executor: 'slurm' -> 'local'" in out["error"], done.stderr
     done, out = _cli(root, "run", *flags, "--sbatch=qos", "--json")
     assert done.returncode == 2 and out["error"].startswith('--sbatch: expected options of the form "--key=value"')
