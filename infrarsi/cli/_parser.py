@@ -37,18 +37,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _executor(parser: argparse.ArgumentParser) -> None:
-    """The [executor] table's keys as flags: each replaces the contract's for this command."""
+    """The [executor] table's keys as flags (`infrarsi.contract.EXECUTOR_FLAGS`), each into
+    ``executor_<key>``: each replaces the contract's for this command."""
     group = parser.add_argument_group(
         "executor", "replace keys of the contract's [executor] table for this command (docs/cluster.md)"
     )
     group.add_argument("--executor", dest="executor_kind", choices=["local", "slurm"], help="[executor] kind")
-    group.add_argument("--partition", help="[executor] partition (#SBATCH --partition)")
-    group.add_argument("--account", help="[executor] account (#SBATCH --account)")
-    group.add_argument("--time-limit-min", type=int, metavar="MIN", help="[executor] time_limit_min")
-    group.add_argument("--gpus-per-node", type=int, metavar="N", help="[executor] gpus_per_node")
-    group.add_argument("--cpus-per-task", type=int, metavar="N", help="[executor] cpus_per_task")
+    group.add_argument("--partition", dest="executor_partition", help="[executor] partition (#SBATCH --partition)")
+    group.add_argument("--account", dest="executor_account", help="[executor] account (#SBATCH --account)")
+    group.add_argument(
+        "--time-limit-min", dest="executor_time_limit_min", type=int, metavar="MIN", help="[executor] time_limit_min"
+    )
+    group.add_argument(
+        "--gpus-per-node", dest="executor_gpus_per_node", type=int, metavar="N", help="[executor] gpus_per_node"
+    )
+    group.add_argument(
+        "--cpus-per-task", dest="executor_cpus_per_task", type=int, metavar="N", help="[executor] cpus_per_task"
+    )
     group.add_argument(
         "--sbatch",
+        dest="executor_sbatch",
         action="append",
         metavar="--KEY=VALUE",
         help="more #SBATCH options, replacing the contract's list (repeat it; write --sbatch=--qos=high)",

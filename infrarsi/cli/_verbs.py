@@ -17,15 +17,9 @@ __all__ = ["COMMANDS"]
 
 def executor_flags(args) -> dict | None:
     """The [executor] keys the command line set (`--partition gpu` -> {"partition": "gpu"}); None: none."""
-    given = {
-        "kind": args.executor_kind,
-        "partition": args.partition,
-        "account": args.account,
-        "time_limit_min": args.time_limit_min,
-        "gpus_per_node": args.gpus_per_node,
-        "cpus_per_task": args.cpus_per_task,
-        "sbatch": args.sbatch,
-    }
+    from infrarsi.contract import EXECUTOR_FLAGS
+
+    given = {key: getattr(args, f"executor_{key}") for key in EXECUTOR_FLAGS.values()}
     return {key: value for key, value in given.items() if value is not None} or None
 
 
