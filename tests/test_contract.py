@@ -132,7 +132,7 @@ ERRORS = [
     ('baseline = "0"\n', 'baseline = "0"\n[executor]\nkind = "k8s"\n', "executor.kind", "one of local, slurm"),
     ("timeout_s = 60", "timeout_s = 60\nnproc_per_node = 2", "task.nproc_per_node", "needs a launcher"),
     ("timeout_s = 60", 'timeout_s = 60\nlauncher = "mpirun"', "task.launcher", "one of none, torchrun"),
-    ("timeout_s = 60", 'timeout_s = 60\nlauncher = "torchrun"\nnnodes = 2', "task.nnodes", "one node"),
+    ("timeout_s = 60", 'timeout_s = 60\nlauncher = "torchrun"\nnnodes = 2', "task.nnodes", 'kind = "slurm"'),
     (
         'command = ["python", "train.py"]',
         'command = ["python", "-u", "train.py"]\nlauncher = "torchrun"',

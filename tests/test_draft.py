@@ -65,7 +65,7 @@ def test_a_torchrun_launch_drafts_a_launcher_with_its_ranks_and_init_accepts_it(
         folder, "torchrun", "--standalone", "--nproc_per_node", "2", "train_ddp.py", "--micro-batch", "8"
     )
     assert proc.returncode == 0, proc.stderr
-    assert out["launcher"] == {"kind": "torchrun", "nproc_per_node": 2}
+    assert out["launcher"] == {"kind": "torchrun", "nproc_per_node": 2, "nnodes": 1}
     assert out["command"] == ["python", "train_ddp.py", "--micro-batch", "8"]
     init(folder / "infrarsi.toml")
     contract = load_contract(folder / "infrarsi.toml")
@@ -79,11 +79,22 @@ def test_a_torchrun_launch_drafts_a_launcher_with_its_ranks_and_init_accepts_it(
         "8",
     ]
     for bad, words in (
-        (["torchrun", "--nnodes=2", "--nproc_per_node=2", "train_ddp.py"], "several nodes"),
+        (["torchrun", "--nnodes=1:4", "--nproc_per_node=2", "train_ddp.py"], "a fixed number of nodes"),
         (["torchrun", "--nproc-per-node=gpu", "train_ddp.py"], "number of ranks"),
     ):
         proc, _ = _cli_draft(folder, *bad)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
+def test_a_torchrun_launch_across_nodes_drafts_the_slurm_executor(tmp_path):
+    folder = _example(tmp_path, "tinygpt")
+    proc, out = _cli_draft(folder, "torchrun", "--nnodes", "2:2", "--nproc_per_node=2", "train_ddp.py")
+    assert proc.returncode == 0, proc.stderr
+    assert out["launcher"] == {"kind": "torchrun", "nproc_per_node": 2, "nnodes": 2}
+    init(folder / "infrarsi.toml")
+    contract = load_contract(folder / "infrarsi.toml")
+    assert contract.ranks == 4 and contract.executor.kind == "slurm"
+    assert _argv(folder / "infrarsi.toml")[:3] == ["torchrun", "--nnodes=2", "--nproc_per_node=2"]
 
 
 def test_single_file_gpt_draft_reads_its_config_file_and_key_value_arguments(tmp_path):

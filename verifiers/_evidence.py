@@ -104,6 +104,9 @@ class RunEvidence:
     sampled_steps: tuple[int, ...] | None = None  # the runner's plan; None: recorded before sampling existed
     ranks: int = 1
     line_ranks: tuple[int, ...] | None = None
+    # A job across nodes: each rank's own node's launch, on that node's clock (its lines'
+    # arrivals are on it too); None: every rank's is ``started_ns``.
+    rank_started_ns: dict[int, int] | None = None
 
     @classmethod
     def from_stored(cls, receipt_lines: list[str], evidence: dict) -> "RunEvidence":
@@ -111,6 +114,7 @@ class RunEvidence:
         sampled = evidence.get("sampled_steps")
         ranks = evidence.get("ranks")
         tags = evidence.get("line_ranks")
+        starts = evidence.get("rank_started_ns")
         return cls(
             receipt_lines=receipt_lines,
             arrivals_ns=evidence.get("arrivals_ns"),
@@ -122,6 +126,9 @@ class RunEvidence:
             ranks=ranks if type(ranks) is int and ranks >= 1 else 1,
             # A tag that is not a rank number puts its line in no rank.
             line_ranks=tuple(t if type(t) is int else -1 for t in tags) if isinstance(tags, list) else None,
+            rank_started_ns={int(k): v for k, v in starts.items() if str(k).isdigit() and type(v) is int}
+            if isinstance(starts, dict)
+            else None,
         )
 
     def of_rank(self, rank: int) -> "RunEvidence":
@@ -131,6 +138,8 @@ class RunEvidence:
         arrivals = self.arrivals_ns
         return dataclasses.replace(
             self,
+            started_ns=(self.rank_started_ns or {}).get(rank, self.started_ns),
+            rank_started_ns=None,
             receipt_lines=[self.receipt_lines[i] for i in keep],
             arrivals_ns=None if arrivals is None else [arrivals[i] if i < len(arrivals) else None for i in keep],
             ranks=1,

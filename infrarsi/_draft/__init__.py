@@ -38,11 +38,14 @@ class Draft:
     notes: list[str] = field(default_factory=list)
     launcher: str = "none"  # "torchrun" where the job was launched by torchrun
     ranks: int = 1  # its nproc_per_node
+    nodes: int = 1  # its nnodes (more than one: the Slurm executor)
 
     def to_json(self) -> dict:
         return {
             "contract": str(self.contract),
-            "launcher": {"kind": self.launcher, "nproc_per_node": self.ranks} if self.launcher != "none" else None,
+            "launcher": {"kind": self.launcher, "nproc_per_node": self.ranks, "nnodes": self.nodes}
+            if self.launcher != "none"
+            else None,
             "style": self.style,
             "command": self.command,
             "knobs": {
@@ -59,16 +62,17 @@ class Draft:
 _TORCHRUN_FLAGS = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"})
 
 
-def _torchrun(words: list[str]) -> tuple[int, list[str]]:
-    """(ranks, the rest) of ``torchrun [OPTIONS] SCRIPT ARGS`` (or ``python -m torch.distributed.run``);
-    (0, words) for any other command. The rest starts at the script, as ``python`` would run it."""
+def _torchrun(words: list[str]) -> tuple[int, int, list[str]]:
+    """(ranks a node, nodes, the rest) of ``torchrun [OPTIONS] SCRIPT ARGS`` (or ``python -m
+    torch.distributed.run``); (0, 1, words) for any other command. The rest starts at the
+    script, as ``python`` would run it."""
     if words and Path(words[0]).name == "torchrun":
         rest = words[1:]
     elif len(words) >= 3 and Path(words[0]).name.startswith("python") and words[1:3] == ["-m", "torch.distributed.run"]:
         rest = words[3:]
     else:
-        return 0, words
-    ranks = 1
+        return 0, 1, words
+    ranks, nodes = 1, 1
     while rest and rest[0].startswith("-") and rest[0] not in ("-m", "--module"):
         option = rest.pop(0)
         name, _, value = option.partition("=")
@@ -78,23 +82,26 @@ def _torchrun(words: list[str]) -> tuple[int, list[str]]:
             if not value.isdigit() or int(value) < 1:
                 raise UsageError(f"draft: torchrun {name} {value!r}: expected a number of ranks on this node")
             ranks = int(value)
-        elif name == "--nnodes" and value not in ("1", "1:1"):
-            raise UsageError(
-                f"draft: torchrun --nnodes {value}: a job across several nodes needs a cluster executor; "
-                "this build runs a job on one node"
-            )
-    return ranks, ["python", *rest]
+        elif name == "--nnodes":
+            low, _, high = value.partition(":")
+            if not low.isdigit() or int(low) < 1 or (high and high != low):
+                raise UsageError(
+                    f"draft: torchrun --nnodes {value!r}: expected a fixed number of nodes "
+                    "(an elastic range is not one job InfraRSI can time)"
+                )
+            nodes = int(low)
+    return ranks, nodes, ["python", *rest]
 
 
-def _split_command(command: list[str]) -> tuple[list[str], Path, list[str], int]:
-    """(interpreter words, the script, its arguments, torchrun's ranks or 0) of
+def _split_command(command: list[str]) -> tuple[list[str], Path, list[str], int, int]:
+    """(interpreter words, the script, its arguments, torchrun's ranks a node or 0, its nodes) of
     ``python [-u] train.py ARGS`` or ``torchrun [OPTIONS] train.py ARGS``."""
     words = list(command)
     if words and words[0] == "--":
         words = words[1:]
     if not words:
         raise UsageError("draft: no command given: expected `infrarsi draft -- python train.py ARGS...`")
-    ranks, words = _torchrun(words)
+    ranks, nodes, words = _torchrun(words)
     head = []
     if Path(words[0]).name.startswith("python"):
         head.append("python")
@@ -113,7 +120,7 @@ def _split_command(command: list[str]) -> tuple[list[str], Path, list[str], int]
         raise UsageError(
             f"draft: {' '.join(command)!r}: torchrun starts the interpreter itself; no options before the script"
         )
-    return head or ["python"], Path(words[0]), words[1:], ranks
+    return head or ["python"], Path(words[0]), words[1:], ranks, nodes
 
 
 def _output_path(out: Path, script: Path, force: bool) -> Path:
@@ -172,7 +179,7 @@ def draft(command: list[str], out: str | Path = "infrarsi.toml", force: bool = F
     """
     if any(0xD800 <= ord(ch) <= 0xDFFF or ch == "\x00" for word in command for ch in word):
         raise UsageError("draft: the command has bytes that are not text (a NUL, or undecodable file names)")
-    head, script_arg, args, ranks = _split_command(command)
+    head, script_arg, args, ranks, nodes = _split_command(command)
     script = script_arg.resolve()
     if not script.is_file():
         raise UsageError(f"draft: {script_arg}: no such script (expected a Python file to read)")
@@ -191,11 +198,27 @@ def draft(command: list[str], out: str | Path = "infrarsi.toml", force: bool = F
     task_command = [*head, rel_script, *kept]
     editable, protected, scope_why = guess_scope(script, facts.local_imports, kept)
     why = list(facts.why) + [k.why for k in knobs] + scope_why
-    if ranks:
+    if ranks and nodes > 1:
+        why.append(
+            f"launched by torchrun with {ranks} rank(s) on each of {nodes} nodes: "
+            '[executor] kind = "slurm" runs it (docs/cluster.md)'
+        )
+    elif ranks:
         why.append(f'launched by torchrun with {ranks} rank(s) on one node: launcher = "torchrun"')
     launcher = "torchrun" if ranks else "none"
     result = Draft(
-        out, rel_script, facts.style, task_command, knobs, editable, protected, why, notes, launcher, max(ranks, 1)
+        out,
+        rel_script,
+        facts.style,
+        task_command,
+        knobs,
+        editable,
+        protected,
+        why,
+        notes,
+        launcher,
+        max(ranks, 1),
+        nodes if ranks else 1,
     )
     out.write_text(render(result, script.parent.name or "job"), encoding="utf-8")
     return result

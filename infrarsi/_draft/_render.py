@@ -68,6 +68,11 @@ def render(draft, name: str) -> str:
             if draft.launcher != "none"
             else []
         ),
+        *(
+            [f"nnodes = {draft.nodes}             # a job across nodes: the Slurm executor below"]
+            if draft.nodes > 1
+            else []
+        ),
         "timeout_s = 900",
         'evidence = "auto"      # the autoprobe observes the optimizer\'s steps: the script is not edited',
         "# tokens_per_step = 0  # where the model's first input is not the token ids, say how many a step trains on",
@@ -103,4 +108,13 @@ def render(draft, name: str) -> str:
         "min_speedup       = 1.02",
         "",
     ]
+    if draft.nodes > 1:
+        out += [
+            "[executor]",
+            'kind = "slurm"          # every node runs its ranks under InfraRSI\'s runner (docs/cluster.md)',
+            "time_limit_min = 60",
+            '# partition = "gpu"',
+            "# gpus_per_node = 8",
+            "",
+        ]
     return "\n".join(out)

@@ -18,7 +18,7 @@ from infrarsi.contract._convergence import Convergence, parse_convergence, take_
 from infrarsi.contract._crosschecks import check_executor, check_search
 from infrarsi.contract._globs import check_glob, matches
 from infrarsi.contract._launch import KnobLaunch, parse_launch, shown_value as _show
-from infrarsi.contract._launcher import check_launcher, ranks
+from infrarsi.contract._launcher import check_launcher, check_nodes, ranks
 from infrarsi.contract._logpatterns import log_patterns_of
 from infrarsi.contract._schema import CONVERGENCE_FIELDS, KNOB_FIELDS, PATCH_FIELDS, SECTIONS, Field
 from infrarsi.errors import ContractError
@@ -261,6 +261,7 @@ class _Parser:
         self.check_scope(sections["scope"])
         check_search(sections["search"], self.fail)
         check_executor(sections["executor"], self.fail)
+        check_nodes(sections["task"], sections["executor"], self.fail)
         knobs = self.knobs(data.get("knobs", {}))
         patches = self.patches(data.get("patches", []))
         log_patterns = log_patterns_of(

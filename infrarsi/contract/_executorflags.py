@@ -16,6 +16,7 @@ from typing import Any
 
 from infrarsi.contract._contract import Contract, Section, _Parser
 from infrarsi.contract._crosschecks import check_executor
+from infrarsi.contract._launcher import check_nodes
 from infrarsi.contract._schema import SECTIONS
 from infrarsi.errors import UsageError
 
@@ -73,4 +74,5 @@ def _table(contract: Contract, flags: Mapping[str, Any]) -> dict[str, Any]:
     parser = _FlagParser(contract.path, contract.text, check_files=False)
     values = parser.section("executor", raw, SECTIONS["executor"])
     check_executor(Section(values), parser.fail)
+    check_nodes(contract.task, Section(values), parser.fail)
     return values

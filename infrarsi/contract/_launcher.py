@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["check_launcher", "ranks", "launched"]
+__all__ = ["check_launcher", "check_nodes", "ranks", "launched"]
 
 
 def check_launcher(task: Any, fail: Callable[..., Any]) -> None:
@@ -40,18 +40,21 @@ def check_launcher(task: Any, fail: Callable[..., Any]) -> None:
             "evidence",
             f'evidence = "log" reads one process\'s stdout; with launcher = "{task.launcher}" use "probe" or "auto"',
         )
-    if task.nnodes > 1:
+
+
+def check_nodes(task: Any, executor: Any, fail: Callable[..., Any]) -> None:
+    """``nnodes > 1`` needs the Slurm executor: the local one runs a job on this machine only."""
+    if task.nnodes > 1 and executor.kind != "slurm":
         fail(
             "task",
             "nnodes",
-            f"nnodes = {task.nnodes}: a job across several nodes needs a cluster executor, and this build "
-            "runs every execution on one node (the local executor)",
+            f'nnodes = {task.nnodes}: a job across several nodes needs [executor] kind = "slurm" '
+            f"(or --executor slurm); the {executor.kind} executor runs a job on this machine only",
         )
 
 
 def ranks(task: Any) -> int:
-    """How many processes report receipts: 1, or every rank the launcher starts (``nnodes`` is 1
-    until a cluster executor exists: check_launcher refuses more)."""
+    """How many processes report receipts: 1, or every rank the launcher starts on every node."""
     return 1 if task.launcher == "none" else task.nproc_per_node * task.nnodes
 
 

@@ -87,7 +87,8 @@ SECTIONS: dict[str, tuple[Field, ...]] = {
             "nnodes",
             "int",
             1,
-            'with `launcher = "torchrun"`: nodes; more than one needs a cluster executor (this build runs on one node)',
+            'with `launcher = "torchrun"`: nodes, each running `nproc_per_node` ranks; more than one needs '
+            '`[executor] kind = "slurm"`',
             minimum=1,
         ),
         Field(

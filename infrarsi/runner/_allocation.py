@@ -6,14 +6,19 @@ each execution the driver drops in its inbox through the local runner, in order,
 back the result. The driver still decides every run (the sequential A/B's looks) and writes
 every row; the node only runs what it is handed. The inbox is a folder of the workspace's
 state (``.infrarsi/slurm/alloc-ID/``) on the shared file system: ``req-N.pkl`` in,
-``res-N.pkl`` out, each written whole then renamed. A ``stop`` file ends the job, and so
-does an inbox left idle for ``IDLE_S`` (a driver killed mid-verify leaves no job running on).
+``res-N-K.pkl`` out (K: the node), each written whole then renamed. A ``stop`` file ends the
+job, and so does an inbox left idle for ``IDLE_S`` (a driver killed mid-verify leaves no job
+running on).
+
+A job across nodes (``nnodes > 1``) holds every node for the batch: each node's server runs
+every request in turn, as its node's part (runner/_nodes.py), and the driver merges the parts.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import time
 import uuid
@@ -22,11 +27,13 @@ from pathlib import Path
 from infrarsi.contract import Candidate, Contract
 from infrarsi.errors import ExecutionInterrupted, UsageError
 from infrarsi.runner._executor import ExecutionResult
+from infrarsi.runner._nodemerge import merge_nodes
 from infrarsi.runner._slurmjob import (
     POLL_S,
     SCHEDULER_ENDED,
     job_state,
     lost_result,
+    node_meeting,
     run_on_node,
     shows_up,
     slurm_parameters,
@@ -45,22 +52,23 @@ def _put(path: Path, value) -> None:
 
 
 def serve_on_node(inbox: str, idle_s: float = IDLE_S) -> int:
-    """The allocation's body on the node: run each ``req-N.pkl`` in order, answer ``res-N.pkl``;
-    stop at a ``stop`` file or after ``idle_s`` without a request. Returns how many it ran."""
+    """The allocation's body on each node: run ``req-1.pkl``, ``req-2.pkl``, ... in order,
+    answering ``res-N-K.pkl`` (K: this node, ``SLURM_PROCID``); stop at a ``stop`` file or after
+    ``idle_s`` without a request. Returns how many it ran."""
     folder = Path(inbox)
+    node = int(os.environ.get("SLURM_PROCID", "0"))
     served, last = 0, time.monotonic()
     while not (folder / "stop").exists():
-        pending = sorted(folder.glob("req-*.pkl"), key=lambda p: int(p.stem.split("-")[1]))
-        if not pending:
+        request = folder / f"req-{served + 1}.pkl"
+        if not request.exists():
             if time.monotonic() - last > idle_s:
                 break
             time.sleep(0.05)
             continue
-        request = pending[0]
         args = pickle.loads(request.read_bytes())
-        request.unlink()
-        _put(folder / f"res-{request.stem.split('-')[1]}.pkl", run_on_node(*args))
-        served, last = served + 1, time.monotonic()
+        served += 1
+        _put(folder / f"res-{served}-{node}.pkl", run_on_node(*args))
+        last = time.monotonic()
     return served
 
 
@@ -71,7 +79,8 @@ class Allocation:
         submitit = submitit_module()
         self.inbox = folder / f"alloc-{uuid.uuid4().hex[:12]}"
         self.inbox.mkdir(parents=True)
-        self.gpus = max(1, int(contract.executor.gpus_per_node))
+        self.nodes = max(1, int(contract.task.nnodes))
+        self.gpus = max(1, int(contract.executor.gpus_per_node)) * self.nodes
         try:
             executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
             executor.update_parameters(**slurm_parameters(contract))
@@ -87,14 +96,20 @@ class Allocation:
         if self.ended is not None:  # the allocation is gone: every later run of the batch ends the same way
             return lost_result(self.job, candidate, job_state(self.job.job_id), "its allocation ended", self.gpus, 0.0)
         self.count += 1
-        answer = self.inbox / f"res-{self.count}.pkl"
+        answers = [self.inbox / f"res-{self.count}-{k}.pkl" for k in range(self.nodes)]
         sent = time.monotonic()  # a run lost here is charged from now, not the allocation's start
-        _put(self.inbox / f"req-{self.count}.pkl", (contract, dict(pinned), candidate, sample_all))
+        meeting, sampled = node_meeting(self.inbox, contract, sample_all)
+        _put(self.inbox / f"req-{self.count}.pkl", (contract, dict(pinned), candidate, sample_all, meeting, sampled))
         try:
             while True:
-                if answer.exists():
-                    result = pickle.loads(answer.read_bytes())
-                    answer.unlink()
+                if all(a.exists() for a in answers):
+                    parts = [pickle.loads(a.read_bytes()) for a in answers]
+                    for a in answers:
+                        a.unlink()
+                    (self.inbox / f"req-{self.count}.pkl").unlink(missing_ok=True)
+                    if meeting is not None:
+                        shutil.rmtree(meeting, ignore_errors=True)
+                    result = parts[0] if len(parts) == 1 else merge_nodes(contract, parts, sample_all)
                     state = job_state(self.job.job_id) if result.status != "ok" else None
                     # The job serves until told to stop: ending now (COMPLETING), Slurm ended it.
                     if state is not None and (state.state in SCHEDULER_ENDED or state.state == "COMPLETING"):
@@ -104,7 +119,7 @@ class Allocation:
                     return result
                 state = job_state(self.job.job_id)
                 if state is None or state.ended:
-                    if shows_up(answer):
+                    if all(shows_up(a) for a in answers):
                         continue
                     self.ended = lost_result(self.job, candidate, state, None, self.gpus, time.monotonic() - sent)
                     return self.ended

@@ -24,6 +24,7 @@ from infrarsi.runner._environment import workload_env
 from infrarsi.runner._fingerprint import environment_fingerprint
 from infrarsi.runner._interpreter import EnvironmentWatch
 from infrarsi.runner._launch import GUARD_INTERVAL_S, LaunchSpec, launch
+from infrarsi.runner._nodes import NodePlace
 from infrarsi.runner._receipts import parse_receipts
 from infrarsi.runner._sandbox import make_sandbox
 from infrarsi.runner._sources import pre_images
@@ -34,6 +35,7 @@ __all__ = [
     "Executor",
     "LocalExecutor",
     "build_argv",
+    "conclude",
     "OPTIONS_WITH_VALUE",
     "SAMPLED_STEPS",
     "sampling_plan",
@@ -80,8 +82,11 @@ def sampling_plan(total_steps: int, rng: random.Random | None = None) -> list[in
     return sorted(rng.sample(candidates, min(SAMPLED_STEPS, len(candidates))))
 
 
-def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dict[str, str]]:
-    """The command line and knob environment for ``candidate``."""
+def build_argv(
+    contract: Contract, candidate: Candidate, node: NodePlace | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and knob environment for ``candidate`` (on ``node`` of a job across nodes:
+    torch's static rendezvous at node 0 instead of ``--standalone``)."""
     command, env = launch_settings(contract, candidate.knobs)
     if command[0] == "torchrun" and contract.task.launcher == "torchrun":
         # torchrun under this interpreter, on this node; a rank that fails ends the job (no restarts).
@@ -89,7 +94,8 @@ def build_argv(contract: Contract, candidate: Candidate) -> tuple[list[str], dic
         if contract.task.evidence == "auto":
             command[at:at] = ["-m", "infrarsi.autoprobe"]
         # -P: the workspace is not on the launcher's path (a file there named torch/ can't stand in for it).
-        command[:1] = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", "--max-restarts=0"]
+        meeting = node.torchrun_args() if node is not None and node.count > 1 else ["--standalone"]
+        command[:1] = [sys.executable, "-P", "-m", "torch.distributed.run", *meeting, "--max-restarts=0"]
         return command, env
     if command[0] == "python":
         command[0] = sys.executable
@@ -115,11 +121,20 @@ class LocalExecutor:
         self._watch = threading.Lock()  # runs side by side (search --workers) take the environment's watch in turn
 
     def run(
-        self, contract: Contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool = False
+        self,
+        contract: Contract,
+        pinned: dict[str, str],
+        candidate: Candidate,
+        sample_all: bool = False,
+        node: NodePlace | None = None,
+        sampled: list[int] | None = None,
     ) -> ExecutionResult:
         """Execute ``candidate``; ``pinned`` is the manifest's {path: sha256}.
 
         ``sample_all`` observes every step closely (the baseline's reference run), not a few.
+        ``node``: this machine runs one node's ranks of a job across nodes (runner/_nodes.py);
+        its result is one part, which the driver merges with the others'. ``sampled``: the
+        steps to observe (every node of a job observes the same ones); None draws them here.
         """
         sources = pre_images(contract.workspace, candidate.patches)
         box = make_sandbox(contract.workspace)
@@ -138,7 +153,7 @@ class LocalExecutor:
                 )
             started = time.monotonic()
             try:
-                return self._launch(contract, pinned, candidate, box, before, sources, sample_all)
+                return self._launch(contract, pinned, candidate, box, before, sources, sample_all, node, sampled)
             except ExecutionInterrupted:
                 raise
             except KeyboardInterrupt:
@@ -159,17 +174,26 @@ class LocalExecutor:
             if not self.keep_sandbox:
                 box.remove()
 
-    def _launch(self, contract, pinned, candidate, box, before, sources, sample_all) -> ExecutionResult:
-        argv, knob_env = build_argv(contract, candidate)
+    def _launch(self, contract, pinned, candidate, box, before, sources, sample_all, node, sampled) -> ExecutionResult:
+        argv, knob_env = build_argv(contract, candidate, node)
+        part = node is not None and node.count > 1
         log_mode = contract.task.evidence == "log"
         extra = dict(knob_env)
         extra[STEPS_ENV] = str(contract.total_steps)
         if self.devices is not None:
             extra["CUDA_VISIBLE_DEVICES"] = self.devices
-        sampled = list(range(1, contract.total_steps + 1)) if sample_all else sampling_plan(contract.total_steps)
+        if sample_all:
+            sampled = list(range(1, contract.total_steps + 1))
+        elif sampled is None:
+            sampled = sampling_plan(contract.total_steps)
         # Under a launcher: one socket for every rank, on which the kernel says which process
-        # (so which rank) wrote; the launcher's own processes are not the job's memory.
+        # (so which rank) wrote; the launcher's own processes are not the job's memory. On one
+        # node of several: that node's ranks only.
         ranks = contract.ranks if contract.task.launcher != "none" else None
+        first_rank = 0
+        if part and ranks:
+            ranks = contract.task.nproc_per_node
+            first_rank = node.rank * ranks
         if not log_mode:
             extra[SAMPLE_ENV] = "all" if sample_all else ",".join(map(str, sampled))
             extra[RECEIPTS_ENV] = f"unix:{box.receipts_socket}" if ranks else str(box.receipts)
@@ -185,6 +209,8 @@ class LocalExecutor:
                 receipts_fifo=None if log_mode or ranks else box.receipts,
                 receipts_socket=box.receipts_socket if ranks and not log_mode else None,
                 ranks=ranks,
+                first_rank=first_rank,
+                stop_when=node.stop_reason if part else None,
             )
         )
 
@@ -221,7 +247,7 @@ class LocalExecutor:
         evidence = {
             "version": 1,
             "argv": [os.path.basename(argv[0])] + argv[1:],
-            **(_rank_evidence(ranks, seen) if ranks else {}),
+            **(_rank_evidence(contract.ranks, seen) if ranks else {}),
             "knob_env": knob_env,
             "evidence_kind": contract.task.evidence,
             "started_ns": seen.started_ns,
@@ -245,36 +271,90 @@ class LocalExecutor:
         }
         if log_mode:
             evidence["stdout"] = [[stamp, text] for stamp, text in seen.stdout_lines[:10000]]
-        evidence["timing"] = _timing_evidence(RunEvidence.from_stored(lines, evidence), contract)
-        step_time = evidence["timing"]["step_time_s"]
-        detail = seen.detail
-        if seen.status == "ok" and step_time is None and not sample_all:  # a reference run is not timed
-            detail = (
-                f"finished, but the receipts hold no complete measured window "
-                f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps}): " + evidence["timing"]["missing"]
+        if part:  # one node's share: timed and judged once the driver has every node's
+            evidence["node"] = {
+                "rank": node.rank,
+                "count": node.count,
+                "master": f"{node.master_addr}:{node.master_port}",
+            }
+            return ExecutionResult(
+                candidate,
+                seen.status,
+                detail=seen.detail,
+                exit_code=seen.exit_code,
+                peak_mem_mb=None if seen.status == "oom" else round(seen.peak_rss_bytes / 2**20, 1),
+                device_s=seen.wall_s,
+                wall_s=seen.wall_s,
+                stderr_tail=seen.stderr_tail,
+                receipts=("\n".join(lines) + "\n").encode() if lines else b"",
+                evidence=evidence,
+                sources=sources,
             )
-        changed = (
-            integrity["protected_changed_by_run"]
-            + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
-            + integrity["environment_changed"]
-        )
-        if changed:
-            detail = (detail + "; " if detail else "") + "changed at run time: " + ", ".join(changed)
-        return ExecutionResult(
-            candidate=candidate,
+        return conclude(
+            contract,
+            candidate,
             status=seen.status,
-            detail=detail,
+            detail=seen.detail,
             exit_code=seen.exit_code,
-            step_time_s=step_time if seen.status == "ok" else None,
-            # An oom gives a lower bound only ("more than the limit"), never a value.
-            peak_mem_mb=None if seen.status == "oom" else round(seen.peak_rss_bytes / 2**20, 1),
-            device_s=seen.wall_s,
-            wall_s=seen.wall_s,
-            stderr_tail=seen.stderr_tail,
-            receipts=("\n".join(lines) + "\n").encode() if lines else b"",
+            lines=lines,
             evidence=evidence,
+            peak_rss_bytes=seen.peak_rss_bytes,
+            wall_s=seen.wall_s,
+            device_s=seen.wall_s,
+            stderr_tail=seen.stderr_tail,
             sources=sources,
+            sample_all=sample_all,
         )
+
+
+def conclude(
+    contract: Contract,
+    candidate: Candidate,
+    *,
+    status: str,
+    detail: str,
+    exit_code: int | None,
+    lines: list[str],
+    evidence: dict,
+    peak_rss_bytes: int,
+    wall_s: float,
+    device_s: float,
+    stderr_tail: str,
+    sources: dict[str, bytes],
+    sample_all: bool,
+) -> ExecutionResult:
+    """The execution's result from what its launch (or every node's, merged) left: the step
+    time on the runner's clock, and what the run changed said in the detail."""
+    evidence["timing"] = _timing_evidence(RunEvidence.from_stored(lines, evidence), contract)
+    step_time = evidence["timing"]["step_time_s"]
+    if status == "ok" and step_time is None and not sample_all:  # a reference run is not timed
+        detail = (
+            f"finished, but the receipts hold no complete measured window "
+            f"(steps {contract.timing.warmup_steps + 1}..{contract.total_steps}): " + evidence["timing"]["missing"]
+        )
+    integrity = evidence["integrity"]
+    changed = (
+        integrity["protected_changed_by_run"]
+        + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
+        + integrity["environment_changed"]
+    )
+    if changed:
+        detail = (detail + "; " if detail else "") + "changed at run time: " + ", ".join(changed)
+    return ExecutionResult(
+        candidate=candidate,
+        status=status,
+        detail=detail,
+        exit_code=exit_code,
+        step_time_s=step_time if status == "ok" else None,
+        # An oom gives a lower bound only ("more than the limit"), never a value.
+        peak_mem_mb=None if status == "oom" else round(peak_rss_bytes / 2**20, 1),
+        device_s=device_s,
+        wall_s=wall_s,
+        stderr_tail=stderr_tail,
+        receipts=("\n".join(lines) + "\n").encode() if lines else b"",
+        evidence=evidence,
+        sources=sources,
+    )
 
 
 def _rank_evidence(ranks: int, seen) -> dict:

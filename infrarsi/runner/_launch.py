@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ _OOM_MARKERS = (
     "DefaultCPUAllocator: can't allocate memory",
 )
 _STDERR_TAIL = 8000
+_STOP_LOOK_S = 0.5
 _MAX_LINE = 1 << 22  # a line past 4 MB without a newline is dropped: reading stays linear
 
 
@@ -50,6 +52,10 @@ class LaunchSpec:
     # limit holds for each rank on its own (see _ranks). None: one process, no launcher.
     receipts_socket: Path | None = None
     ranks: int | None = None
+    first_rank: int = 0  # one node of a job across nodes: its ranks are first_rank..first_rank+ranks-1
+    # Asked twice a second while the job runs: a reason to kill it now (another node of the
+    # job failed), or None.
+    stop_when: Callable[[], str | None] | None = None
     cgroups: bool = True  # False: the subreaper alone (tests; machines whose cgroups misbehave)
 
 
@@ -139,7 +145,7 @@ def launch(spec: LaunchSpec) -> LaunchResult:
     try:
         if spec.receipts_socket is not None:
             # Listening before the job starts, as the FIFO is opened before it: no rank can be early.
-            channel = SocketReceipts(spec.receipts_socket, RankMap(spec.ranks or 1))
+            channel = SocketReceipts(spec.receipts_socket, RankMap(spec.ranks or 1, spec.first_rank))
         if spec.receipts_fifo is not None:
             os.mkfifo(spec.receipts_fifo, 0o600)
             fds["fifo"] = os.open(spec.receipts_fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -194,7 +200,7 @@ def _launch(
     }
     if "fifo" in fds:
         readers["receipts"] = _LineReader(fds["fifo"], keep_lines=True)
-    ranks = RankGuard(channel.map if channel else RankMap(spec.ranks)) if spec.ranks else None
+    ranks = RankGuard(channel.map if channel else RankMap(spec.ranks, spec.first_rank)) if spec.ranks else None
     for reader in [*readers.values(), *([channel] if channel else [])]:
         reader.start()
 
@@ -203,6 +209,7 @@ def _launch(
     last_sample, max_gap = 0, 0
     main_ended = None  # when the shim said the workload ended
     root_lost = False  # the shim ended without saying it did: killed, or stopped
+    next_stop_look = started
     try:
         while True:
             pid, wait_status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -230,6 +237,11 @@ def _launch(
                 )
             elif main_ended is None and now > deadline:
                 status, detail = "timeout", f"killed after the timeout of {spec.timeout_s:g} s"
+            elif spec.stop_when is not None and main_ended is None and now >= next_stop_look:
+                next_stop_look = now + int(_STOP_LOOK_S * 1e9)
+                reason = spec.stop_when()
+                if reason:
+                    status, detail = "crash", reason
             elif main_ended is not None and now - main_ended > (STRAY_GRACE_S + _ROOT_PATIENCE_S) * 1e9:
                 root_lost = True  # the shim did not end once its strays were killed
             if status or root_lost:

@@ -4,7 +4,8 @@ own, and the receipt socket on which the kernel, not the job, says which rank wr
 **A rank** is a process the launcher (the job's first process: torchrun) started, with the
 ``RANK`` it had when InfraRSI first saw it (kept: a rank that execs itself under another
 ``RANK`` stays what it was), and every process below it, whatever its own environment says.
-A ``RANK`` outside ``0..ranks-1`` makes no rank. The launcher's children that show no
+A ``RANK`` outside this node's ranks (``0..ranks-1``, or its share of a job across nodes)
+makes no rank. The launcher's children that show no
 ``RANK`` yet are workers between fork and exec (they still show the launcher's memory) and
 count as the launcher's, for ``EXEC_GRACE_S`` at most: one still without a rank after that (a
 rank's child made the launcher's with ``clone(CLONE_PARENT)``, say) is no rank's.
@@ -68,8 +69,9 @@ def _memory(pid: int) -> tuple[int, int]:
 class RankMap:
     """The rank of each process of one job (thread-safe: the guard and the socket reader share it)."""
 
-    def __init__(self, ranks: int) -> None:
+    def __init__(self, ranks: int, first: int = 0) -> None:
         self.ranks = ranks
+        self.first = first  # one node of several: its ranks are first..first+ranks-1
         self.launcher: int | None = None
         self._roots: dict[int, int | str] = {}  # a launcher's child -> its rank (or NO_RANK), first seen
         self._unranked: dict[int, float] = {}  # a launcher's child seen without RANK -> when first seen
@@ -84,7 +86,7 @@ class RankMap:
                     return None  # between fork and exec: not decided yet
                 self._roots[pid] = NO_RANK
             else:
-                self._roots[pid] = rank if 0 <= rank < self.ranks else NO_RANK
+                self._roots[pid] = rank if self.first <= rank < self.first + self.ranks else NO_RANK
         return self._roots[pid]
 
     def rank_of(self, pid: int) -> int | str:

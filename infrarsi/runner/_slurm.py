@@ -19,6 +19,7 @@ executor asks ``scontrol show job`` instead (the controller keeps a finished job
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from contextlib import contextmanager
@@ -28,12 +29,14 @@ from infrarsi.contract import Candidate, Contract
 from infrarsi.errors import ExecutionInterrupted, UsageError
 from infrarsi.runner._allocation import Allocation
 from infrarsi.runner._executor import ExecutionResult
+from infrarsi.runner._nodemerge import merge_nodes
 from infrarsi.runner._slurmjob import (
     POLL_S,
     SCHEDULER_ENDED,
     final_state,
     job_state,
     lost_result,
+    node_meeting,
     run_on_node,
     shows_up,
     slurm_parameters,
@@ -70,16 +73,17 @@ class SlurmExecutor:
         if self._held is not None:
             return self._held.run(contract, pinned, candidate, sample_all)
         submitit = submitit_module()
+        meeting, sampled = node_meeting(self.folder, contract, sample_all)
         try:
             executor = submitit.AutoExecutor(folder=self.folder / "%j", cluster="slurm")
             executor.update_parameters(**slurm_parameters(contract))
-            job = executor.submit(run_on_node, contract, dict(pinned), candidate, sample_all)
+            job = executor.submit(run_on_node, contract, dict(pinned), candidate, sample_all, meeting, sampled)
         except (subprocess.CalledProcessError, OSError, RuntimeError) as exc:
             raise UsageError(f'[executor] kind = "slurm": sbatch refused the job: {exc}') from None
         if self.on_submit:
             self.on_submit(job.job_id)
         try:
-            return self.collect(job, candidate, max(1, int(contract.executor.gpus_per_node)))
+            return self.collect(job, candidate, contract, sample_all)
         except KeyboardInterrupt:
             subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=30)
             raise ExecutionInterrupted(
@@ -90,25 +94,37 @@ class SlurmExecutor:
                     evidence={"version": 1, "interrupted": True, "slurm": {"job_id": str(job.job_id)}},
                 )
             ) from None
+        finally:
+            if meeting is not None:
+                shutil.rmtree(meeting, ignore_errors=True)
 
     def reattach(self, job_id: str, candidate: Candidate, contract: Contract) -> ExecutionResult:
         """The result of a job submitted before (by a driver since killed), waiting for it to end."""
-        job = submitit_module().SlurmJob(folder=self.folder / "%j", job_id=str(job_id))
-        return self.collect(job, candidate, max(1, int(contract.executor.gpus_per_node)))
+        tasks = tuple(range(int(contract.task.nnodes)))
+        job = submitit_module().SlurmJob(folder=self.folder / "%j", job_id=str(job_id), tasks=tasks)
+        return self.collect(job, candidate, contract, False)
 
-    def collect(self, job, candidate: Candidate, gpus: int = 1) -> ExecutionResult:
-        """Wait for ``job`` (a submitit job) to end; its result, or what Slurm says ended it
-        (its run time counted ``gpus`` times in the device-seconds)."""
+    def collect(self, job, candidate: Candidate, contract: Contract, sample_all: bool) -> ExecutionResult:
+        """Wait for ``job`` (a submitit job; one task a node) to end; its result (every node's,
+        merged), or what Slurm says ended it (its run time counted once a GPU of every node in
+        the device-seconds)."""
+        gpus = max(1, int(contract.executor.gpus_per_node)) * max(1, job.num_tasks)
+        tasks = [job] if job.num_tasks == 1 else [job.task(i) for i in range(job.num_tasks)]
         while True:
-            if job.paths.result_pickle.exists():
-                try:
-                    value = job.result()  # the result file is there: no state query needed
-                except Exception as exc:  # submitit's FailedJobError: the runner on the node raised
-                    why = f"the runner on the node failed: {str(exc)[-500:]}"
-                    return lost_result(job, candidate, job_state(job.job_id), why, gpus)
-                if not isinstance(value, ExecutionResult):
-                    why = f"the job returned {type(value).__name__}, not an execution's result"
-                    return lost_result(job, candidate, job_state(job.job_id), why, gpus)
+            if all(t.paths.result_pickle.exists() for t in tasks):
+                parts = []
+                for i, task in enumerate(tasks):
+                    where = f" on node {i}" if len(tasks) > 1 else ""
+                    try:
+                        value = task.result()  # the result file is there: no state query needed
+                    except Exception as exc:  # submitit's FailedJobError: the runner on the node raised
+                        why = f"the runner{where} failed: {str(exc)[-500:]}"
+                        return lost_result(job, candidate, job_state(job.job_id), why, gpus)
+                    if not isinstance(value, ExecutionResult):
+                        why = f"the job{where} returned {type(value).__name__}, not an execution's result"
+                        return lost_result(job, candidate, job_state(job.job_id), why, gpus)
+                    parts.append(value)
+                value = parts[0] if len(parts) == 1 else merge_nodes(contract, parts, sample_all)
                 # A run that did not end ok may have been ended by Slurm: ask once the job ended.
                 state = final_state(job.job_id) if value.status != "ok" else None
                 if state is not None and state.state in SCHEDULER_ENDED:
@@ -118,7 +134,7 @@ class SlurmExecutor:
                 return value
             state = job_state(job.job_id)
             if state is None or state.ended:
-                if shows_up(job.paths.result_pickle):
+                if all(shows_up(t.paths.result_pickle) for t in tasks):
                     continue  # the result landed between the two looks, or a shared file system was slow
                 return lost_result(job, candidate, state, None, gpus)
             time.sleep(POLL_S)

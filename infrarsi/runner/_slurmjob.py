@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from infrarsi.contract import Candidate, Contract
 from infrarsi.errors import UsageError
-from infrarsi.runner._executor import ExecutionResult, LocalExecutor
+from infrarsi.runner._executor import ExecutionResult, LocalExecutor, sampling_plan
+from infrarsi.runner._nodes import RendezvousError, join_nodes, mark_failed
 
 __all__ = [
     "submitit_module",
@@ -22,6 +24,7 @@ __all__ = [
     "shows_up",
     "JobState",
     "run_on_node",
+    "node_meeting",
     "lost_result",
     "SCHEDULER_ENDED",
     "POLL_S",
@@ -116,8 +119,8 @@ def slurm_parameters(contract: Contract) -> dict:
     params: dict = {
         "timeout_min": int(ex.time_limit_min),
         "slurm_job_name": f"infrarsi-{contract.task.name}",
-        "nodes": 1,
-        "tasks_per_node": 1,  # one runner per node: a launcher in the contract starts the ranks
+        "nodes": int(contract.task.nnodes),
+        "tasks_per_node": 1,  # one runner per node: a launcher in the contract starts the node's ranks
     }
     if ex.partition:
         params["slurm_partition"] = ex.partition
@@ -136,15 +139,49 @@ def slurm_parameters(contract: Contract) -> dict:
     return params
 
 
-def run_on_node(contract, pinned: dict[str, str], candidate: Candidate, sample_all: bool) -> ExecutionResult:
+def node_meeting(folder: Path, contract: Contract, sample_all: bool) -> tuple[str | None, list[int] | None]:
+    """For a job across nodes: a new rendezvous folder under ``folder`` (on the shared file
+    system) and the steps every node observes, drawn here; (None, None) for a job on one node."""
+    if contract.task.nnodes <= 1:
+        return None, None
+    meeting = folder / f"meet-{uuid.uuid4().hex[:12]}"
+    meeting.mkdir(parents=True)
+    return str(meeting), None if sample_all else sampling_plan(contract.total_steps)
+
+
+def run_on_node(
+    contract,
+    pinned: dict[str, str],
+    candidate: Candidate,
+    sample_all: bool,
+    meeting: str | None = None,
+    sampled: list[int] | None = None,
+) -> ExecutionResult:
     """The job's body, on the node: run the candidate through the local runner under the driver's
     contract (as it handed it over: a long run's has more steps and a seed; a path, from a job
-    submitted before, is loaded there). The node's name goes into the evidence and the fingerprint."""
+    submitted before, is loaded there). The node's name goes into the evidence and the fingerprint.
+
+    A job across nodes (``meeting``: the execution's rendezvous folder) runs this on every node,
+    as Slurm task ``SLURM_PROCID`` of ``SLURM_NTASKS``; each returns its node's part, with the
+    steps to observe the driver drew for all (``sampled``)."""
     if isinstance(contract, str):
         from infrarsi.contract import load_contract
 
         contract = load_contract(contract)
-    result = LocalExecutor().run(contract, pinned, candidate, sample_all=sample_all)
+    place = None
+    if meeting is not None:
+        rank, count = int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1"))
+        try:
+            if count != contract.task.nnodes:
+                raise RendezvousError(
+                    f"the job has {count} task(s), one a node; the contract asks nnodes = {contract.task.nnodes}"
+                )
+            place = join_nodes(Path(meeting), rank, count, patience_s=float(contract.task.timeout_s))
+        except RendezvousError as exc:
+            return ExecutionResult(candidate, "crash", detail=str(exc), evidence={"version": 1, "node": {"rank": rank}})
+    result = LocalExecutor().run(contract, pinned, candidate, sample_all=sample_all, node=place, sampled=sampled)
+    if place is not None and result.status != "ok":
+        mark_failed(place)
     node = os.environ.get("SLURMD_NODENAME")
     slurm = {"job_id": os.environ.get("SLURM_JOB_ID"), "node": node}
     if result.evidence:

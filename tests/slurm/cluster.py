@@ -1,6 +1,10 @@
-"""A one-node Slurm cluster in a temporary folder: munged, slurmctld and slurmd from Debian's
-packages, run as the current user (root in CI) with no cgroups, on free ports of their own (so
-two clusters, say two pytest processes, never meet).
+"""A Slurm cluster in a temporary folder: munged, slurmctld and one slurmd per node from
+Debian's packages, run as the current user (root in CI) with no cgroups, on free ports of their
+own (so two clusters, say two pytest processes, never meet).
+
+Its nodes (``node1``, ``node2``, ...) are all this machine: each is a slurmd of its own
+(``slurmd -N NAME``, on a port of its own), so a job across nodes (``srun -N2``) really starts
+one task on each slurmd, which a job on a multi-node cluster does.
 
 ``SLURM_CONF`` in the environment points every client (sinfo, sbatch, scancel, submitit) at it.
 """
@@ -56,9 +60,10 @@ def _memory_mb() -> int:
 class SlurmCluster:
     """Start with ``start()``, stop with ``stop()``; ``env`` is what a client needs."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, nodes: int = 2) -> None:
         self.folder = folder
         self.host = socket.gethostname().split(".")[0]
+        self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
         self.conf = folder / "slurm.conf"
         self.munge_socket = folder / "munge" / "munge.socket.2"
         self.pids: list[tuple[str, int]] = []  # (program, pid) of each daemon started
@@ -79,7 +84,6 @@ class SlurmCluster:
                     f"SlurmctldHost={self.host}",
                     f"SlurmUser={getpass.getuser()}",
                     f"SlurmctldPort={_free_port()}",
-                    f"SlurmdPort={_free_port()}",
                     "AuthType=auth/munge",
                     "CredType=cred/munge",
                     f"AuthInfo=socket={self.munge_socket}",
@@ -98,12 +102,16 @@ class SlurmCluster:
                     "KillWait=5",
                     "MinJobAge=600",
                     f"StateSaveLocation={f / 'state'}",
-                    f"SlurmdSpoolDir={f / 'spool'}",
+                    f"SlurmdSpoolDir={f / 'spool'}/%n",
                     f"SlurmctldPidFile={f / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={f / 'slurmd.pid'}",
+                    f"SlurmdPidFile={f / 'slurmd.%n.pid'}",
                     f"SlurmctldLogFile={f / 'log' / 'slurmctld.log'}",
-                    f"SlurmdLogFile={f / 'log' / 'slurmd.log'}",
-                    f"NodeName={self.host} CPUs={os.cpu_count()} RealMemory={_memory_mb()} State=UNKNOWN",
+                    f"SlurmdLogFile={f / 'log' / 'slurmd.%n.log'}",
+                    *(
+                        f"NodeName={name} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={_free_port()} "
+                        f"CPUs={os.cpu_count()} RealMemory={_memory_mb()} State=UNKNOWN"
+                        for name in self.nodes
+                    ),
                     "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                     "",
                 ]
@@ -154,8 +162,11 @@ class SlurmCluster:
         self._wait(lambda: self.munge_socket.exists(), "munged to open its socket")
         self._spawn([_program("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld.out")
         self._wait(lambda: self._query(["scontrol", "ping"]).find("UP") >= 0, "slurmctld to answer")
-        self._spawn([_program("slurmd"), "-D", "-f", str(self.conf)], "slurmd.out")
-        self._wait(lambda: self._query(["sinfo", "-h", "-o", "%T"]).strip() == "idle", "the node to be idle")
+        for name in self.nodes:
+            (self.folder / "spool" / name).mkdir(parents=True, exist_ok=True)
+            self._spawn([_program("slurmd"), "-D", "-N", name, "-f", str(self.conf)], f"slurmd.{name}.out")
+        idle = f"idle {len(self.nodes)}"
+        self._wait(lambda: self._query(["sinfo", "-h", "-o", "%T %D"]).strip() == idle, "every node to be idle")
         return self
 
     def _query(self, argv: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""A real one-node Slurm cluster for the session (tests/slurm/cluster.py). Under CI=true
+"""A real two-node Slurm cluster (both nodes this machine) for the session (tests/slurm/cluster.py). Under CI=true
 these tests must run: a machine without Slurm's packages fails them instead of skipping."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def slurm(tmp_path_factory):
         why = f"missing {', '.join(missing)}" if missing else "not root (slurmd runs jobs as their user)"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the Slurm tests ({why}): .ci/run installs slurmctld, slurmd and munge")
-        pytest.skip(f"no one-node Slurm here ({why}); apt-get install slurmctld slurmd munge")
+        pytest.skip(f"no test Slurm cluster here ({why}); apt-get install slurmctld slurmd munge")
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
