@@ -5,7 +5,9 @@ torch's installed source, changes what every later execution runs, the A/B's bas
 arm included: a process-free way to slow the baseline that containment (which ends
 processes) can't see. So the runner lists every file in site-packages (all of it) and at
 the top of the standard library's folders (where ``sitecustomize`` and friends are found)
-by size and modification time after each run, and compares with the listing before it.
+by size, modification time and inode change time after each run, and compares with the
+listing before it. The change time is the kernel's: a job that edits a file and sets its
+modification time back (``os.utime``) can't set it back too.
 Files a run *added* are removed again (recorded); files it changed or deleted can't be
 restored and are reported. Bytecode caches Python writes on first import (a new ``.pyc``
 under ``__pycache__``) are not a change. Edits inside the standard library's packages are
@@ -23,7 +25,7 @@ from pathlib import Path
 
 __all__ = ["EnvironmentWatch", "import_roots"]
 
-Listing = dict[str, tuple[int, int]]  # path -> (size, mtime_ns)
+Listing = dict[str, tuple[int, int, int]]  # path -> (size, mtime_ns, ctime_ns)
 
 
 def import_roots() -> tuple[list[Path], list[Path]]:
@@ -45,7 +47,7 @@ def _list(whole: list[Path], top: list[Path]) -> Listing:
             for entry in entries:
                 if entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
-                    out[entry.path] = (st.st_size, st.st_mtime_ns)
+                    out[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     # Every file under the whole roots (symlinks listed, never followed). One scandir per folder and
     # the entry's own lstat: half the cost of os.walk with a join and an lstat per name, and the
     # listing runs after every execution.
@@ -64,7 +66,7 @@ def _list(whole: list[Path], top: list[Path]) -> Listing:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                out[entry.path] = (st.st_size, st.st_mtime_ns)
+                out[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return out
 
 

@@ -38,6 +38,21 @@ def test_added_changed_and_deleted_files_are_reported_and_additions_removed(tmp_
     assert watch.after_run()["added"] == []  # the next run starts from what is there now
 
 
+def test_a_same_size_edit_with_its_modification_time_set_back_is_still_a_change(tmp_path):
+    """Found red-teaming the watch: size and mtime alone miss an edit that keeps the size and
+    restores the mtime with os.utime; the inode's change time can't be restored."""
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    target = packages / "optim.py"
+    target.write_text("lr = 1\n")
+    before = target.stat()
+    watch = EnvironmentWatch([packages], [])
+    target.write_text("lr = 9\n")  # the same size
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert target.stat().st_size == before.st_size and target.stat().st_mtime_ns == before.st_mtime_ns
+    assert watch.after_run()["changed"] == ["site-packages/optim.py"]
+
+
 def test_the_watched_folders_are_this_interpreters():
     whole, top = import_roots()
     assert any(p.name in ("site-packages", "dist-packages") for p in whole) and top
