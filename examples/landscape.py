@@ -17,6 +17,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
+
 __all__ = ["Landscape", "make_workspace", "dense", "moe", "OVERHEAD_MB"]
 
 OVERHEAD_MB = 20.0  # the interpreter and the probe, on top of what the job allocates
@@ -92,7 +94,9 @@ class Landscape:
     """``time``: atom set ("a" or "a&b") -> factor on the step time; ``memory``: -> MB added;
     ``loss``: -> factor on the loss (a change that is not the same job); ``late``: -> factor on the
     loss after step 10 only (the same job over a short window, not after it); ``switches``: files a
-    patch may turn on beyond the declared patches (for proposers that write their own)."""
+    patch may turn on beyond the declared patches (for proposers that write their own);
+    ``conflicts``: patch sets ("+p&+q") whose diffs do not apply together (``git apply`` rejects
+    the second: both edit the same line of a file of their own)."""
 
     name: str
     knobs: dict[str, tuple[list[str], str]]  # name -> (choices, baseline)
@@ -106,13 +110,14 @@ class Landscape:
     loss: dict[str, float] = field(default_factory=dict)
     late: dict[str, float] = field(default_factory=dict)
     switches: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
     noise: float = 0.02
     budget: int = 40
 
     def __post_init__(self) -> None:
         # Put the limit in the widest gap between the points' memory near the intended limit,
         # so no point sits within the interpreter's few MB of it: fits-or-not is never a coin toss.
-        totals = sorted({round(self.memory_mb(k, p) + OVERHEAD_MB, 3) for k, p in self.points()})
+        totals = sorted({round(float(m) + OVERHEAD_MB, 3) for m in numpy.unique(self.grid().memory_mb)})
         gaps = [(b - a, (a + b) / 2) for a, b in zip(totals, totals[1:]) if abs((a + b) / 2 - self.limit_mb) <= 25]
         if gaps:
             self.limit_mb = round(max(gaps)[1], 1)
@@ -142,15 +147,75 @@ class Landscape:
     def feasible(self, knobs: dict, patches) -> bool:
         atoms = self.atoms(knobs, patches)
         return self.memory_mb(knobs, patches) + OVERHEAD_MB < self.limit_mb and not any(
-            self._applies(k, atoms) for k in self.crash
+            self._applies(k, atoms) for k in [*self.crash, *self.conflicts]
         )
+
+    def grid(self) -> "Grid":
+        """Every point of the joint space at once (numpy), for exhaustive answers on large spaces."""
+        return Grid(self)
 
     def optimum(self) -> float:
         """The best speedup over the baseline any feasible point reaches (exhaustive)."""
-        return max(self.base_ms / self.step_ms(k, p) for k, p in self.points() if self.feasible(k, p))
+        return self.grid().optimum()
+
+    def best_point(self) -> tuple[dict, list[str]]:
+        """A point that reaches the optimum."""
+        return self.grid().best_point()
 
     def speedup(self, knobs: dict, patches) -> float:
         return self.base_ms / self.step_ms(knobs, patches) if self.feasible(knobs, patches) else 0.0
+
+
+class Grid:
+    """A landscape's whole joint space as arrays: each knob's value index and the patch bitmask
+    of every point (knobs in sorted order, the patches' subsets innermost), and from them each
+    point's factor on the step time, memory and feasibility, as the job computes them."""
+
+    def __init__(self, land: Landscape) -> None:
+        self.land = land
+        self.names = sorted(land.knobs)
+        sizes = [len(land.knobs[n][0]) for n in self.names] + [2 ** len(land.patches)]
+        index = numpy.indices(sizes).reshape(len(sizes), -1)
+        self.values, self.masks = index[:-1], index[-1]
+        self.time_factor = numpy.ones(self.masks.size)
+        for key, factor in land.time.items():
+            self.time_factor[self._holds(key)] *= factor
+        self.memory_mb = numpy.full(self.masks.size, float(land.base_mb))
+        for key, delta in land.memory.items():
+            self.memory_mb[self._holds(key)] += delta
+        self.broken = numpy.zeros(self.masks.size, dtype=bool)
+        for key in [*land.crash, *land.conflicts]:
+            self.broken |= self._holds(key)
+
+    def _atom(self, atom: str):
+        if atom.startswith("+"):
+            return (self.masks >> self.land.patches.index(atom[1:])) & 1 == 1
+        name, value = atom.split("=", 1)
+        choices = self.land.knobs[name][0]
+        return self.values[self.names.index(name)] == choices.index(value)
+
+    def _holds(self, key: str):
+        held = numpy.ones(self.masks.size, dtype=bool)
+        for atom in key.split("&"):
+            held &= self._atom(atom)
+        return held
+
+    def feasible(self):
+        return (self.memory_mb + OVERHEAD_MB < self.land.limit_mb) & ~self.broken
+
+    def speedups(self):
+        """Each point's true speedup over the baseline (0 where it does not run)."""
+        return numpy.where(self.feasible(), 1.0 / self.time_factor, 0.0)
+
+    def optimum(self) -> float:
+        return float(self.speedups().max())
+
+    def point(self, i: int) -> tuple[dict, list[str]]:
+        knobs = {n: self.land.knobs[n][0][int(self.values[k][i])] for k, n in enumerate(self.names)}
+        return knobs, [p for b, p in enumerate(self.land.patches) if int(self.masks[i]) >> b & 1]
+
+    def best_point(self) -> tuple[dict, list[str]]:
+        return self.point(int(numpy.argmax(self.speedups())))
 
 
 def make_workspace(
@@ -205,18 +270,17 @@ def make_workspace(
         lines.append(f'[knobs.{name}]\n{how}\nchoices = [{choices}]\nbaseline = "{spec["baseline"]}"\n')
     for switch in land.switches:
         (root / "switches" / f"{switch}.py").write_text("ON = False\n")
+    for i, _ in enumerate(land.conflicts):
+        (root / "switches" / f"_conflict{i}.py").write_text("TAKEN = False\n")
     for patch in land.patches:
         (root / "switches" / f"{patch}.py").write_text("ON = False\n")
-        (root / "patches" / f"{patch}.diff").write_text(
-            textwrap.dedent(f"""\
-            diff --git a/switches/{patch}.py b/switches/{patch}.py
-            --- a/switches/{patch}.py
-            +++ b/switches/{patch}.py
-            @@ -1 +1 @@
-            -ON = False
-            +ON = True
-            """)
-        )
+        hunks = [_switch_diff(f"{patch}.py", "ON")]
+        hunks += [
+            _switch_diff(f"_conflict{i}.py", "TAKEN")
+            for i, key in enumerate(land.conflicts)
+            if f"+{patch}" in key.split("&")
+        ]
+        (root / "patches" / f"{patch}.diff").write_text("".join(hunks))
         lines.append(f'[[patches]]\nname = "{patch}"\nfile = "patches/{patch}.diff"\n')
     wanted = ", ".join(f'"{p}"' for p in proposers)
     lines.append(
@@ -225,6 +289,18 @@ def make_workspace(
     )
     (root / "infrarsi.toml").write_text("\n".join(lines))
     return root
+
+
+def _switch_diff(name: str, variable: str) -> str:
+    """A diff that turns ``variable`` in switches/``name`` from False to True."""
+    return textwrap.dedent(f"""\
+        diff --git a/switches/{name} b/switches/{name}
+        --- a/switches/{name}
+        +++ b/switches/{name}
+        @@ -1 +1 @@
+        -{variable} = False
+        +{variable} = True
+        """)
 
 
 def dense(noise: float = 0.02) -> Landscape:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import family  # noqa: E402
 from _methods import Arena, greedy, ours, random_search, tpe  # noqa: E402
 from _score import score_run, summarise  # noqa: E402
 
@@ -67,9 +68,10 @@ PRELOAD = [
 
 
 def build(name: str, overhead_mb: float, other_hardware: bool = False) -> landscape.Landscape:
-    """A landscape, its memory limit placed for the job's measured overhead."""
+    """A landscape (``dense``, ``moe``, or ``gen-N``: the generated family's number N), its
+    memory limit placed for the job's measured overhead."""
     landscape.OVERHEAD_MB = overhead_mb
-    land = getattr(landscape, name)()
+    land = family.generate(int(name[4:])) if name.startswith("gen-") else getattr(landscape, name)()
     return related(land) if other_hardware else land
 
 
@@ -206,13 +208,13 @@ def bench_landscape(
                 file=sys.stderr,
                 flush=True,
             )
-    best = max(land.points(), key=lambda p: land.speedup(*p))
+    best, grid = land.best_point(), land.grid()
     return {
         "landscape": land.name,
         "optimum": land.optimum(),
         "optimum_point": {"knobs": best[0], "patches": best[1]},
-        "points": sum(1 for _ in land.points()),
-        "feasible": sum(land.feasible(*p) for p in land.points()),
+        "points": int(grid.masks.size),
+        "feasible": int(grid.feasible().sum()),
         "limit_mb": land.limit_mb,
         "baselines": [base],
         "packs": [pack_info],
