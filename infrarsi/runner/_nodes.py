@@ -85,9 +85,9 @@ def join_nodes(folder: Path, rank: int, count: int, patience_s: float) -> NodePl
         time.sleep(_LOOK_S)
 
 
-def mark_failed(place: NodePlace) -> None:
-    """Tell the other nodes this one's run ended other than ok."""
+def mark_failed(folder: Path, rank: int) -> None:
+    """Tell the other nodes node ``rank``'s run ended other than ok (or never started)."""
     try:
-        (place.folder / f"failed-{place.rank}").touch()
+        (folder / f"failed-{rank}").touch()
     except OSError:
         pass

@@ -178,10 +178,16 @@ def run_on_node(
                 )
             place = join_nodes(Path(meeting), rank, count, patience_s=float(contract.task.timeout_s))
         except RendezvousError as exc:
+            mark_failed(Path(meeting), rank)  # the others must not wait for this node's ranks
             return ExecutionResult(candidate, "crash", detail=str(exc), evidence={"version": 1, "node": {"rank": rank}})
-    result = LocalExecutor().run(contract, pinned, candidate, sample_all=sample_all, node=place, sampled=sampled)
+    try:
+        result = LocalExecutor().run(contract, pinned, candidate, sample_all=sample_all, node=place, sampled=sampled)
+    except BaseException:
+        if place is not None:  # the runner itself failed here: the other nodes stop too
+            mark_failed(place.folder, place.rank)
+        raise
     if place is not None and result.status != "ok":
-        mark_failed(place)
+        mark_failed(place.folder, place.rank)
     node = os.environ.get("SLURMD_NODENAME")
     slurm = {"job_id": os.environ.get("SLURM_JOB_ID"), "node": node}
     if result.evidence:

@@ -72,7 +72,7 @@ def test_the_nodes_meet_at_the_address_node_zero_publishes_and_hear_of_a_peers_f
     one = got["one"]
     assert (one.master_addr, one.master_port) == (zero.master_addr, zero.master_port) and one.rank == 1
     assert zero.stop_reason() is None and one.stop_reason() is None
-    mark_failed(one)
+    mark_failed(one.folder, one.rank)
     assert zero.stop_reason() == PEER_FAILED and one.stop_reason() is None  # its own marker is no peer's
     with pytest.raises(RendezvousError, match="node 0 published no address"):
         join_nodes(tmp_path / "nobody", 1, 2, patience_s=0.3)
