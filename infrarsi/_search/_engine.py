@@ -61,6 +61,8 @@ def _run(
     if meta.get("phase") != "promote":  # a resume after promotion began does not explore again
         workers = int(meta.get("workers", 1))
         devices = check_workers(session.ws.contract, workers, meta.get("devices"))
+        if workers == 1 and devices:  # the one worker's GPUs, for every run of the search
+            session.ws.executor.devices = devices[0]
         explorer = ParallelExploration(session, pack, workers, devices) if workers > 1 else Exploration(session, pack)
         explorer.explore(exploration)
     if promote:

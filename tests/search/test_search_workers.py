@@ -62,6 +62,11 @@ def test_workers_are_refused_where_runs_side_by_side_would_time_each_other(tmp_p
     assert len(rows(root)) == before  # nothing ran
     done, out = _cli(root, "search", "--workers", "0", "--json")
     assert done.returncode == 2 and "expected 1 or more" in out["error"]
+    # One worker is always allowed; --devices then gives that worker (every run) its GPUs.
+    done, out = _cli(root, "search", "--workers", "1", "--devices", "5", "--budget", "9", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    searched = [r for r in rows(root)[before:]]
+    assert searched and all(evidence(root, r).get("devices") == "5" for r in searched), searched
 
 
 def test_a_kill_with_workers_in_flight_resumes_without_losing_or_repeating(tmp_path):
