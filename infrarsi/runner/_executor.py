@@ -241,7 +241,10 @@ class LocalExecutor:
                 f"{p} (added, removed again)" if p in environment["removed"] else f"{p} (added)"
                 for p in environment["added"]
             ]
-            + [f"{p} (changed)" for p in environment["changed"]]
+            + [
+                f"{p} (changed, removed again)" if p in environment["removed"] else f"{p} (changed)"
+                for p in environment["changed"]
+            ]
             + [f"{p} (deleted)" for p in environment["deleted"]],
         }
         evidence = {

@@ -9,14 +9,27 @@ by size, modification time and inode change time after each run, and compares wi
 listing before it. The change time is the kernel's: a job that edits a file and sets its
 modification time back (``os.utime``) can't set it back too.
 Files a run *added* are removed again (recorded); files it changed or deleted can't be
-restored and are reported. Bytecode caches Python writes on first import (a new ``.pyc``
-under ``__pycache__``) are not a change. Edits inside the standard library's packages are
-not listed (a full listing costs about 0.7 s a run here against 0.2 s; site-packages with torch and
-transformers, 45,000 files, lists in about 0.23 s with one scandir per folder, 0.30 s with os.walk).
+restored and are reported.
+
+**Bytecode caches.** Python trusts a ``__pycache__/*.pyc`` whose header carries its
+source's modification time and size, and never looks at the source again: a job that writes
+such a file holding other code changes every later run without touching a ``.py`` (found
+red-teaming: a forged cache of InfraRSI's own probe that slowed every run but the
+candidate's earned a receipt). So a cache a run added or changed counts only where it is
+what Python writes for its source: its header matches the source and its code object is the
+source's, compiled afresh (``_honest_bytecode``). Any other is a change, and is removed
+(Python writes the honest one again at the next import). The framework's own folders are
+watched too where they are not under site-packages (an editable install).
+
+Edits inside the standard library's packages are not listed (a full listing costs about
+0.7 s a run here against 0.2 s; site-packages with torch and transformers, 45,000 files,
+lists in about 0.23 s with one scandir per folder, 0.30 s with os.walk).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
 import os
 import site
 import sys
@@ -29,15 +42,31 @@ Listing = dict[str, tuple[int, int, int]]  # path -> (size, mtime_ns, ctime_ns)
 
 
 def import_roots() -> tuple[list[Path], list[Path]]:
-    """(site-packages folders, listed whole; standard-library folders, listed at the top only)
-    of the interpreter the job runs under (the one infrarsi runs under)."""
+    """(folders listed whole: site-packages, and InfraRSI's own package folders where they are
+    elsewhere; standard-library folders, listed at the top only) of the interpreter the job
+    runs under (the one infrarsi runs under)."""
     paths = sysconfig.get_paths()
     packages = {Path(p) for p in (paths.get("purelib"), paths.get("platlib")) if p}
     packages.update(Path(p) for p in site.getsitepackages())
     if site.ENABLE_USER_SITE and site.getusersitepackages():
         packages.add(Path(site.getusersitepackages()))
+    whole = sorted(p for p in packages if p.is_dir())
+    framework = [f for f in _framework_folders() if not any(f.is_relative_to(w) for w in whole)]
     stdlib = {Path(p) for p in (paths.get("stdlib"), paths.get("platstdlib")) if p}
-    return sorted(p for p in packages if p.is_dir()), sorted(p for p in stdlib if p.is_dir())
+    return whole + framework, sorted(p for p in stdlib if p.is_dir())
+
+
+def _framework_folders() -> list[Path]:
+    """The folders of infrarsi and the subpackages mapped from the source tree's top-level
+    folders (an editable install keeps them there), each once."""
+    out: list[Path] = []
+    for name in ("infrarsi", "infrarsi.verifiers", "infrarsi.auditors", "infrarsi.ledger"):
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            path = Path(folder).resolve()
+            if path.is_dir() and not any(path.is_relative_to(o) for o in out):
+                out.append(path)
+    return out
 
 
 def _list(whole: list[Path], top: list[Path]) -> Listing:
@@ -70,8 +99,44 @@ def _list(whole: list[Path], top: list[Path]) -> Listing:
     return out
 
 
-def _first_import_cache(path: str) -> bool:
+def _bytecode_cache(path: str) -> bool:
     return path.endswith(".pyc") and os.path.basename(os.path.dirname(path)) == "__pycache__"
+
+
+def _honest_bytecode(path: str) -> bool:
+    """Whether ``path`` (``pkg/__pycache__/mod.TAG[.opt-N].pyc``) is what this interpreter
+    writes for ``pkg/mod.py``: the header's magic number and source stamp (modification time
+    and size, or the source's hash) match, and its code object equals the source's compiled
+    now. Anything unreadable or unmatched is not."""
+    parts = os.path.basename(path).split(".")
+    if not (3 <= len(parts) <= 4 and parts[1] == sys.implementation.cache_tag):
+        return False
+    optimize = 0
+    if len(parts) == 4:
+        if not (parts[2].startswith("opt-") and parts[2][4:].isdigit()):
+            return False
+        optimize = int(parts[2][4:])
+    source = os.path.join(os.path.dirname(os.path.dirname(path)), parts[0] + ".py")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        with open(source, "rb") as handle:
+            text = handle.read()
+        stamp = os.stat(source)
+        if data[:4] != importlib.util.MAGIC_NUMBER:
+            return False
+        flags = int.from_bytes(data[4:8], "little")
+        if flags == 0:
+            if data[8:16] != (
+                (int(stamp.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+                + (stamp.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+            ):
+                return False
+        elif flags not in (1, 3) or data[8:16] != importlib.util.source_hash(text):
+            return False
+        return marshal.loads(data[16:]) == compile(text, source, "exec", dont_inherit=True, optimize=optimize)
+    except (OSError, ValueError, EOFError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
 
 
 class EnvironmentWatch:
@@ -91,11 +156,17 @@ class EnvironmentWatch:
         """
         now = _list(self.whole, self.top)
         before = self._listing
-        added = sorted(p for p in now.keys() - before.keys() if not _first_import_cache(p))
-        changed = sorted(p for p in now.keys() & before.keys() if now[p] != before[p])
+
+        def counts(path: str) -> bool:  # a cache Python wrote for its source is no change
+            return not (_bytecode_cache(path) and _honest_bytecode(path))
+
+        added = sorted(p for p in now.keys() - before.keys() if counts(p))
+        changed = sorted(p for p in now.keys() & before.keys() if now[p] != before[p] and counts(p))
         deleted = sorted(before.keys() - now.keys())
         removed = []
-        for path in added:
+        # What the run added goes; so does a forged bytecode cache it changed (Python writes
+        # the honest one again). Other changes can't be undone and are only reported.
+        for path in added + [p for p in changed if _bytecode_cache(p)]:
             try:
                 os.unlink(path)
                 removed.append(path)

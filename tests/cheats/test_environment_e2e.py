@@ -10,6 +10,7 @@ files it added are gone again when the run ends.
 
 from __future__ import annotations
 
+import importlib.util
 import sysconfig
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import pytest
 from corpus_labels import HERE
 
 import infrarsi
+import infrarsi.probe
+from infrarsi.runner._interpreter import _honest_bytecode
 
 # Alone, never beside another test: it writes a startup hook into site-packages, which every run beside it would see.
 pytestmark = pytest.mark.serial
@@ -44,3 +47,27 @@ def test_a_startup_hook_left_in_site_packages_fails_integrity_and_is_removed(tin
     finally:
         for name in PLANTED:
             (site_packages / name).unlink(missing_ok=True)
+
+
+def test_a_forged_bytecode_cache_of_the_probe_fails_integrity_and_is_removed(tinygpt_workspace):
+    """Found red-teaming the multi-node work: the job writes a ``.pyc`` for InfraRSI's own
+    probe.py, stamped with the source's modification time and size (so Python trusts it) but
+    holding code that slows every step of any script that is not the candidate's. No ``.py``
+    changes. On two Slurm nodes it earned a 1.38x receipt before bytecode caches were checked
+    against their source."""
+    cache = Path(importlib.util.cache_from_source(infrarsi.probe.__file__))
+    outcome = infrarsi.verify(
+        tinygpt_workspace,
+        patches=[str(HERE / "environment" / "forged-probe-bytecode-slows-the-baseline.diff")],
+        pairs=0,
+        keep_going=True,
+    )
+    by_id = {c.id: c for c in outcome.checks}
+    framework = by_id["integrity.framework"]
+    assert not outcome.accepted
+    assert framework.status == "fail" and "probe." in framework.detail and "removed again" in framework.detail, (
+        framework
+    )
+    # What later runs import is the probe's own code again: the forged cache is gone (or, if
+    # something imported the probe since, what Python wrote for its source).
+    assert not cache.exists() or _honest_bytecode(str(cache))

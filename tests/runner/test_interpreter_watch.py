@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import py_compile
+import struct
+import sys
+from pathlib import Path
 
+import infrarsi
 from infrarsi.runner._interpreter import EnvironmentWatch, import_roots
 from infrarsi.verifiers import check_run_integrity
 
@@ -28,7 +33,7 @@ def test_added_changed_and_deleted_files_are_reported_and_additions_removed(tmp_
     (packages / "torch" / "optim.py").write_text("x = 2  # slower\n")
     os.utime(packages / "torch" / "optim.py", ns=(1, 1))
     (packages / "gone.py").unlink()
-    (packages / "torch" / "__pycache__" / "optim.cpython-311.pyc").write_bytes(b"\0")  # first import: fine
+    py_compile.compile(str(packages / "torch" / "optim.py"), doraise=True)  # a first import's cache: fine
     (stdlib / "deep").mkdir()
     (stdlib / "deep" / "not_listed.py").write_text("")  # below the stdlib's top: not watched
     seen = watch.after_run()
@@ -53,9 +58,50 @@ def test_a_same_size_edit_with_its_modification_time_set_back_is_still_a_change(
     assert watch.after_run()["changed"] == ["site-packages/optim.py"]
 
 
-def test_the_watched_folders_are_this_interpreters():
+def _forged_cache(source: Path, other_code: str) -> Path:
+    """A bytecode cache for ``source`` that holds ``other_code``, its header stamped with the
+    source's modification time and size (what Python checks before trusting it)."""
+    staged = source.parent / "staged.py"
+    staged.write_text(other_code)
+    cache = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+    cache.parent.mkdir(exist_ok=True)
+    py_compile.compile(str(staged), cfile=str(cache), doraise=True)
+    staged.unlink()
+    data = bytearray(cache.read_bytes())
+    st = source.stat()
+    data[8:16] = struct.pack("<II", int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+    cache.write_bytes(bytes(data))
+    return cache
+
+
+def test_a_forged_bytecode_cache_is_a_change_and_is_removed_and_an_honest_one_is_not(tmp_path):
+    """Found red-teaming the watch: a cache that carries its source's stamp but other code is
+    what every later import runs, and was taken for a first-import cache."""
+    packages = tmp_path / "site-packages"
+    (packages / "lib").mkdir(parents=True)
+    honest_src, forged_src = packages / "lib" / "fast.py", packages / "lib" / "step.py"
+    honest_src.write_text("def step():\n    return 1\n")
+    forged_src.write_text("def step():\n    return 1\n")
+    watch = EnvironmentWatch([packages], [])
+    py_compile.compile(str(honest_src), doraise=True)  # what the interpreter writes on first import
+    forged = _forged_cache(forged_src, "import time\ndef step():\n    time.sleep(1)\n    return 1\n")
+    seen = watch.after_run()
+    assert seen["added"] == ["site-packages/lib/__pycache__/" + forged.name] and seen["removed"] == seen["added"]
+    assert not forged.exists() and any((packages / "lib" / "__pycache__").glob("fast.*.pyc"))
+    # Over an honest cache already there: a change, removed as well (Python writes it again).
+    py_compile.compile(str(forged_src), doraise=True)
+    assert watch.after_run()["added"] == []
+    _forged_cache(forged_src, "def step():\n    return 2\n")
+    seen = watch.after_run()
+    assert seen["changed"] == ["site-packages/lib/__pycache__/" + forged.name] and seen["removed"] == seen["changed"]
+    assert not forged.exists()
+
+
+def test_the_watched_folders_are_this_interpreters_and_the_frameworks_own():
     whole, top = import_roots()
     assert any(p.name in ("site-packages", "dist-packages") for p in whole) and top
+    framework = Path(infrarsi.__file__).resolve().parent
+    assert any(framework.is_relative_to(p) for p in whole)  # under site-packages, or listed itself
 
 
 def test_a_changed_environment_fails_integrity_framework():
