@@ -46,7 +46,10 @@ def check_run_integrity(integrity: dict | None) -> list[CheckResult]:
     out = []
     before = list(integrity.get("protected_changed_before_run") or [])
     during = list(integrity.get("protected_changed_by_run") or [])
-    if before or during:
+    # The workspace the sandbox was copied from (recorded since it was watched): a file every
+    # later run copies, the A/B's baseline arm included.
+    origin = list(integrity.get("workspace_changed_by_run") or [])
+    if before or during or origin:
         out.append(
             CheckResult(
                 "integrity.protected",
@@ -54,6 +57,11 @@ def check_run_integrity(integrity: dict | None) -> list[CheckResult]:
                 "; ".join(
                     ([f"differ from the manifest before the run: {', '.join(before)}"] if before else [])
                     + ([f"changed by the run: {', '.join(during)}"] if during else [])
+                    + (
+                        [f"the run changed the workspace every later run is copied from: {', '.join(origin[:5])}"]
+                        if origin
+                        else []
+                    )
                 ),
             )
         )

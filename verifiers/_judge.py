@@ -18,7 +18,7 @@ __all__ = ["Rules", "judge_run", "combine_ranks", "resolve_tolerance", "RULE_VER
 # 2: operator dtypes and per-parameter gradient norms at sampled steps; 3: a warm-up step's tokens may be
 # uncounted (None), as its time may be; 4: a job of several ranks is judged rank by rank, its steps
 # ended by the slowest rank
-RULE_VERSION = "verifiers-4"
+RULE_VERSION = "verifiers-5"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from infrarsi.runner._interpreter import EnvironmentWatch
 from infrarsi.runner._launch import GUARD_INTERVAL_S, LaunchSpec, launch
 from infrarsi.runner._nodes import NodePlace
 from infrarsi.runner._receipts import parse_receipts
-from infrarsi.runner._sandbox import make_sandbox
+from infrarsi.runner._sandbox import make_sandbox, origin_listing
 from infrarsi.runner._sources import pre_images
 from infrarsi.verifiers import RunEvidence, region_share, step_ranges, window_periods
 
@@ -137,6 +137,7 @@ class LocalExecutor:
         steps to observe (every node of a job observes the same ones); None draws them here.
         """
         sources = pre_images(contract.workspace, candidate.patches)
+        origin = origin_listing(contract.workspace)
         box = make_sandbox(contract.workspace)
         try:
             before = hash_protected(box.workspace, contract.protected_globs)
@@ -153,7 +154,9 @@ class LocalExecutor:
                 )
             started = time.monotonic()
             try:
-                return self._launch(contract, pinned, candidate, box, before, sources, sample_all, node, sampled)
+                return self._launch(
+                    contract, pinned, candidate, box, (before, origin), sources, sample_all, node, sampled
+                )
             except ExecutionInterrupted:
                 raise
             except KeyboardInterrupt:
@@ -174,7 +177,8 @@ class LocalExecutor:
             if not self.keep_sandbox:
                 box.remove()
 
-    def _launch(self, contract, pinned, candidate, box, before, sources, sample_all, node, sampled) -> ExecutionResult:
+    def _launch(self, contract, pinned, candidate, box, befores, sources, sample_all, node, sampled) -> ExecutionResult:
+        before, origin = befores
         argv, knob_env = build_argv(contract, candidate, node)
         part = node is not None and node.count > 1
         log_mode = contract.task.evidence == "log"
@@ -226,12 +230,15 @@ class LocalExecutor:
         receipts = parse_receipts(lines)
 
         after = hash_protected(box.workspace, contract.protected_globs)
+        origin_after = origin_listing(contract.workspace)
         with self._watch:
             framework_after = hash_framework()
             environment = self._environment.after_run()
         integrity = {
             "protected_changed_before_run": diff_hashes(pinned, before),
             "protected_changed_by_run": diff_hashes(before, after),
+            # The workspace the sandbox was copied from, which every later run copies.
+            "workspace_changed_by_run": diff_hashes(origin, origin_after),
             "protected_after": after,
             "framework_changed": diff_hashes(self._framework, framework_after),
             "containment": seen.containment,
@@ -338,6 +345,7 @@ def conclude(
     integrity = evidence["integrity"]
     changed = (
         integrity["protected_changed_by_run"]
+        + [f"{p} (the workspace every run copies)" for p in integrity.get("workspace_changed_by_run", [])]
         + [f"infrarsi/{p}" for p in integrity["framework_changed"]]
         + integrity["environment_changed"]
     )

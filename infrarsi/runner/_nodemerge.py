@@ -141,6 +141,7 @@ def _merged_integrity(records: list[dict]) -> dict:
     return {
         "protected_changed_before_run": _union([r.get("protected_changed_before_run") for r in records]),
         "protected_changed_by_run": _union([r.get("protected_changed_by_run") for r in records]),
+        "workspace_changed_by_run": _union([r.get("workspace_changed_by_run") for r in records]),
         "protected_after": records[0].get("protected_after"),
         "framework_changed": _union([r.get("framework_changed") for r in records]),
         "containment": {

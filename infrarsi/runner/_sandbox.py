@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -11,9 +12,32 @@ from pathlib import Path
 
 from infrarsi.errors import PatchRejected
 
-__all__ = ["Sandbox", "make_sandbox"]
+__all__ = ["Sandbox", "make_sandbox", "origin_listing"]
 
-_LEAVE_OUT = shutil.ignore_patterns(".infrarsi", ".git", "__pycache__", "*.pyc")
+_SKIPPED = (".infrarsi", ".git", "__pycache__", "*.pyc")
+_LEAVE_OUT = shutil.ignore_patterns(*_SKIPPED)
+
+
+def origin_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
+    """{relative path: (size, mtime_ns, ctime_ns)} of what the sandbox copies from ``workspace``.
+
+    Listed before and after every run: a job can find the folder it was copied from (the
+    driver holds the ledger open there) and edit a file every later run copies, the A/B's
+    baseline arm included. The inode change time catches an edit whose modification time
+    was set back."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for folder, dirs, names in os.walk(workspace, followlinks=False):
+        dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, pattern) for pattern in _SKIPPED)]
+        for name in names:
+            if any(fnmatch.fnmatch(name, pattern) for pattern in _SKIPPED):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            out[os.path.relpath(path, workspace)] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return out
 
 
 @dataclass

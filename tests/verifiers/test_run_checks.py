@@ -216,6 +216,15 @@ def test_clock_honest_runs_pass_at_any_speed_and_latency(step_ms, latency_ms):
             {"protected_changed_before_run": [], "protected_changed_by_run": [], "framework_changed": ["probe.py"]},
             "integrity.framework",
         ),
+        (
+            {
+                "protected_changed_before_run": [],
+                "protected_changed_by_run": [],
+                "workspace_changed_by_run": ["model.py"],
+                "framework_changed": [],
+            },
+            "integrity.protected",
+        ),
     ],
 )
 def test_run_integrity_failures(integrity, failing):
