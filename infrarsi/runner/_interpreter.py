@@ -15,10 +15,12 @@ restored and are reported.
 source's modification time and size, and never looks at the source again: a job that writes
 such a file holding other code changes every later run without touching a ``.py`` (found
 red-teaming: a forged cache of InfraRSI's own probe that slowed every run but the
-candidate's earned a receipt). So a cache a run added or changed counts only where it is
-what Python writes for its source: its header matches the source and its code object is the
-source's, compiled afresh (``_honest_bytecode``). Any other is a change, and is removed
-(Python writes the honest one again at the next import). The framework's own folders are
+candidate's earned a receipt). Comparing a cache with its source is not enough (code objects
+compare equal with other specialised opcodes, inline caches or stack sizes; marshal's bytes
+differ between compiles), so every cache a run added or changed is removed after it, and
+Python writes the honest one again at the next import. Jobs run with
+``PYTHONDONTWRITEBYTECODE=1``, so an honest job writes none; one that is not even its
+source's code (``_honest_bytecode``) is also reported as a change. The framework's own folders are
 watched too where they are not under site-packages (an editable install).
 
 Edits inside the standard library's packages are not listed (a full listing costs about
@@ -31,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import os
+import shutil
 import site
 import sys
 import sysconfig
@@ -43,8 +46,11 @@ Listing = dict[str, tuple[int, int, int]]  # path -> (size, mtime_ns, ctime_ns)
 
 def import_roots() -> tuple[list[Path], list[Path]]:
     """(folders listed whole: site-packages, and InfraRSI's own package folders where they are
-    elsewhere; standard-library folders, listed at the top only) of the interpreter the job
-    runs under (the one infrarsi runs under)."""
+    elsewhere; folders listed at the top only: the standard library's, every other folder on
+    the import path (lib-dynload, ``PYTHONPATH``, what a ``.pth`` file adds, the folder a zip
+    on the path would be created in), and the interpreter's own (its ``bin``, the venv's
+    ``pyvenv.cfg``, the shared library's folder)) of the interpreter the job runs under (the
+    one infrarsi runs under)."""
     paths = sysconfig.get_paths()
     packages = {Path(p) for p in (paths.get("purelib"), paths.get("platlib")) if p}
     packages.update(Path(p) for p in site.getsitepackages())
@@ -52,8 +58,20 @@ def import_roots() -> tuple[list[Path], list[Path]]:
         packages.add(Path(site.getusersitepackages()))
     whole = sorted(p for p in packages if p.is_dir())
     framework = [f for f in _framework_folders() if not any(f.is_relative_to(w) for w in whole)]
-    stdlib = {Path(p) for p in (paths.get("stdlib"), paths.get("platstdlib")) if p}
-    return whole + framework, sorted(p for p in stdlib if p.is_dir())
+    whole += framework
+    top: list[Path] = []
+    candidates = [paths.get("stdlib"), paths.get("platstdlib"), *sys.path]
+    candidates += [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), sys.prefix]
+    candidates.append(sysconfig.get_config_var("LIBDIR"))
+    for entry in candidates:
+        if not entry:  # '' on sys.path: the current folder, which is the job's own sandbox
+            continue
+        folder = Path(entry).resolve()
+        if not folder.is_dir():  # a zip on the path: watch the folder it would be created in
+            folder = folder.parent
+        if folder.is_dir() and not any(folder.is_relative_to(w) for w in whole) and folder not in top:
+            top.append(folder)
+    return whole, top
 
 
 def _framework_folders() -> list[Path]:
@@ -71,12 +89,24 @@ def _framework_folders() -> list[Path]:
 
 def _list(whole: list[Path], top: list[Path]) -> Listing:
     out: Listing = {}
+    # The top of each top root: files, links and folders (a new folder there is a new package
+    # that may shadow one imported later on the path); not its bytecode cache folder, nor a
+    # folder that holds a whole root (listed file by file below).
+    holding = {str(a) for w in whole for a in (w, *w.parents)}
     for root in top:
-        with os.scandir(root) as entries:
+        try:
+            entries = os.scandir(root)
+        except OSError:
+            continue
+        with entries:
             for entry in entries:
-                if entry.is_file(follow_symlinks=False):
+                if entry.name == "__pycache__" or entry.path in holding:
+                    continue
+                try:
                     st = entry.stat(follow_symlinks=False)
-                    out[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                except OSError:
+                    continue
+                out[entry.path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     # Every file under the whole roots (symlinks listed, never followed). One scandir per folder and
     # the entry's own lstat: half the cost of os.walk with a join and an lstat per name, and the
     # listing runs after every execution.
@@ -151,28 +181,42 @@ class EnvironmentWatch:
     def after_run(self) -> dict:
         """What the run changed in the environment; files it added are removed again.
 
-        ``{"roots": [...], "added": [...], "changed": [...], "deleted": [...], "removed": [...]}``,
-        paths relative to their root's parent so they read like ``site-packages/x.pth``.
+        ``{"roots": [...], "added": [...], "changed": [...], "deleted": [...], "removed": [...],
+        "caches_removed": [...]}``, paths relative to their root's parent so they read like
+        ``site-packages/x.pth``; ``caches_removed``: bytecode caches the run wrote that look
+        like their source's (not a change, removed all the same).
         """
         now = _list(self.whole, self.top)
         before = self._listing
-
-        def counts(path: str) -> bool:  # a cache Python wrote for its source is no change
-            return not (_bytecode_cache(path) and _honest_bytecode(path))
-
-        added = sorted(p for p in now.keys() - before.keys() if counts(p))
-        changed = sorted(p for p in now.keys() & before.keys() if now[p] != before[p] and counts(p))
+        new = now.keys() - before.keys()
+        moved = {p for p in now.keys() & before.keys() if now[p] != before[p]}
+        # Every bytecode cache a run added or changed is removed (Python writes it again from
+        # the source at the next import): no cache a run wrote reaches a later run, however it
+        # was forged. One that is not even its source's code is also reported as a change.
+        caches = sorted(p for p in new | moved if _bytecode_cache(p))
+        forged = {p for p in caches if not _honest_bytecode(p)}
+        added = sorted(p for p in new if not _bytecode_cache(p) or p in forged)
+        changed = sorted(p for p in moved if not _bytecode_cache(p) or p in forged)
         deleted = sorted(before.keys() - now.keys())
-        removed = []
-        # What the run added goes; so does a forged bytecode cache it changed (Python writes
-        # the honest one again). Other changes can't be undone and are only reported.
-        for path in added + [p for p in changed if _bytecode_cache(p)]:
+        removed, caches_removed = [], []
+        # What the run added goes, and every cache it wrote. Other changes can't be undone
+        # and are only reported.
+        for path in list(dict.fromkeys(added + caches)):
             try:
-                os.unlink(path)
-                removed.append(path)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+                (removed if path in added or path in forged else caches_removed).append(path)
                 del now[path]
             except OSError:
                 continue
+        # A removal changes its folder's times: listed folders start the next run as they are now.
+        for path in removed + caches_removed:
+            folder = os.path.dirname(path)
+            if folder in now:
+                st = os.lstat(folder)
+                now[folder] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self._listing = now
         return {
             "roots": [str(r) for r in self.roots],
@@ -180,6 +224,7 @@ class EnvironmentWatch:
             "changed": [self._short(p) for p in changed],
             "deleted": [self._short(p) for p in deleted],
             "removed": [self._short(p) for p in removed],
+            "caches_removed": [self._short(p) for p in caches_removed],
         }
 
     def _short(self, path: str) -> str:

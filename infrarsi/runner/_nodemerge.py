@@ -155,7 +155,7 @@ def _merged_integrity(records: list[dict]) -> dict:
         },
         "environment": {
             key: _union([e.get(key) for e in environments])
-            for key in ("roots", "added", "changed", "deleted", "removed")
+            for key in ("roots", "added", "changed", "deleted", "removed", "caches_removed")
         },
         "environment_changed": _union([r.get("environment_changed") for r in records]),
     }

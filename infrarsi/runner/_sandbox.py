@@ -18,25 +18,34 @@ _SKIPPED = (".infrarsi", ".git", "__pycache__", "*.pyc")
 _LEAVE_OUT = shutil.ignore_patterns(*_SKIPPED)
 
 
-def origin_listing(workspace: Path) -> dict[str, tuple[int, int, int]]:
-    """{relative path: (size, mtime_ns, ctime_ns)} of what the sandbox copies from ``workspace``.
+def origin_listing(workspace: Path) -> dict[str, tuple]:
+    """{relative path: what it is} for everything the sandbox copies from ``workspace``: a
+    file's (size, mtime_ns, ctime_ns), a link's target and times, a folder's presence.
 
     Listed before and after every run: a job can find the folder it was copied from (the
     driver holds the ledger open there) and edit a file every later run copies, the A/B's
-    baseline arm included. The inode change time catches an edit whose modification time
-    was set back."""
-    out: dict[str, tuple[int, int, int]] = {}
+    baseline arm included; or add a link or a folder there that a later run imports (a
+    package folder beats a module of the same name). The inode change time catches an edit
+    whose modification time was set back. What is behind a link that was there before (a
+    data folder linked in) is shared by every run and not listed: see docs/runner.md."""
+    out: dict[str, tuple] = {}
     for folder, dirs, names in os.walk(workspace, followlinks=False):
         dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, pattern) for pattern in _SKIPPED)]
-        for name in names:
+        for name in [*dirs, *names]:
             if any(fnmatch.fnmatch(name, pattern) for pattern in _SKIPPED):
                 continue
             path = os.path.join(folder, name)
             try:
                 st = os.lstat(path)
+                if os.path.islink(path):
+                    entry: tuple = ("link", os.readlink(path), st.st_mtime_ns, st.st_ctime_ns)
+                elif name in dirs:
+                    entry = ("folder",)
+                else:
+                    entry = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             except OSError:
                 continue
-            out[os.path.relpath(path, workspace)] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            out[os.path.relpath(path, workspace)] = entry
     return out
 
 
