@@ -188,10 +188,16 @@ class Grid:
             self.broken |= self._holds(key)
 
     def _atom(self, atom: str):
+        """Where ``atom`` holds; nowhere for a change no point of the space makes (a switch only
+        a proposer's own patch turns on)."""
         if atom.startswith("+"):
+            if atom[1:] not in self.land.patches:
+                return numpy.zeros(self.masks.size, dtype=bool)
             return (self.masks >> self.land.patches.index(atom[1:])) & 1 == 1
         name, value = atom.split("=", 1)
-        choices = self.land.knobs[name][0]
+        choices = self.land.knobs[name][0] if name in self.land.knobs else []
+        if value not in choices:
+            return numpy.zeros(self.masks.size, dtype=bool)
         return self.values[self.names.index(name)] == choices.index(value)
 
     def _holds(self, key: str):

@@ -31,10 +31,12 @@ lists in about 0.23 s with one scandir per folder, 0.30 s with os.walk).
 from __future__ import annotations
 
 import importlib.util
+import json
 import marshal
 import os
 import shutil
 import site
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -60,7 +62,7 @@ def import_roots() -> tuple[list[Path], list[Path]]:
     framework = [f for f in _framework_folders() if not any(f.is_relative_to(w) for w in whole)]
     whole += framework
     top: list[Path] = []
-    candidates = [paths.get("stdlib"), paths.get("platstdlib"), *sys.path]
+    candidates = [paths.get("stdlib"), paths.get("platstdlib"), *_job_path()]
     candidates += [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), sys.prefix]
     candidates.append(sysconfig.get_config_var("LIBDIR"))
     for entry in candidates:
@@ -72,6 +74,23 @@ def import_roots() -> tuple[list[Path], list[Path]]:
         if folder.is_dir() and not any(folder.is_relative_to(w) for w in whole) and folder not in top:
             top.append(folder)
     return whole, top
+
+
+def _job_path() -> list[str]:
+    """The import path a job's interpreter starts with (``PYTHONPATH`` and ``.pth`` files
+    included; not the script's own folder, which is the sandbox), asked of the interpreter
+    itself. The driver's own path is not the job's: ``python -m`` puts the driver's current
+    folder first, and a test runner adds its own folders."""
+    probe = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")}
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, env=env, cwd="/")
+        found = json.loads(done.stdout)
+        if isinstance(found, list) and all(isinstance(p, str) for p in found):
+            return found
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return sys.path[1:]
 
 
 def _framework_folders() -> list[Path]:
