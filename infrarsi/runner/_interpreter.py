@@ -30,6 +30,7 @@ lists in about 0.23 s with one scandir per folder, 0.30 s with os.walk).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import marshal
@@ -76,21 +77,28 @@ def import_roots() -> tuple[list[Path], list[Path]]:
     return whole, top
 
 
+@functools.lru_cache(maxsize=8)
+def _path_of(executable: str, pythonpath: str | None) -> tuple[str, ...]:
+    probe = [executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, env=env, cwd="/")
+        found = json.loads(done.stdout)
+        if isinstance(found, list) and all(isinstance(p, str) for p in found):
+            return tuple(found)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return tuple(sys.path[1:])
+
+
 def _job_path() -> list[str]:
     """The import path a job's interpreter starts with (``PYTHONPATH`` and ``.pth`` files
     included; not the script's own folder, which is the sandbox), asked of the interpreter
     itself. The driver's own path is not the job's: ``python -m`` puts the driver's current
     folder first, and a test runner adds its own folders."""
-    probe = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"]
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")}
-    try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, env=env, cwd="/")
-        found = json.loads(done.stdout)
-        if isinstance(found, list) and all(isinstance(p, str) for p in found):
-            return found
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
-    return sys.path[1:]
+    return list(_path_of(sys.executable, os.environ.get("PYTHONPATH")))
 
 
 def _framework_folders() -> list[Path]:

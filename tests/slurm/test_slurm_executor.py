@@ -14,16 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from ledger_rows import evidence, rows
 
 from infrarsi._receipt import verify_receipt
 from infrarsi.examples.landscape import Landscape, make_workspace
 
-# Alone (the serial pass): one cluster for the module's tests, and never beside the containment
-# cheats, which SIGSTOP every train.py on the machine (tests/cheats/containment/); a stray killed
-# between its SIGSTOP and its SIGCONT leaves a job's workload stopped until its timeout.
-pytestmark = pytest.mark.serial
+# Beside other tests (the parallel pass): the jobs sleep (landscapes, `timing_sensitive = false`).
+# Never beside the containment cheats, which SIGSTOP every train.py on the machine
+# (tests/cheats/containment/): those run in the serial pass. Each xdist worker that runs one of
+# these tests starts a cluster of its own (conftest.py; free ports, its own folder).
 
 CLI = [sys.executable, "-m", "infrarsi.cli"]
 PATIENCE_S = 300  # a safety net against a hang, never a performance assertion
