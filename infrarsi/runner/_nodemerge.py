@@ -77,7 +77,7 @@ def merge_nodes(contract, parts: list[ExecutionResult], sample_all: bool) -> Exe
         "fingerprint": {**(first.get("fingerprint") or {}), "slurm_nodes": [n["slurm_node"] for n in nodes]},
     }
     evidence.pop("node", None)
-    detail = cause.detail if cause is parts[0] or cause.status == "ok" else f"node {_rank(cause)}: {cause.detail}"
+    detail = cause.detail if cause.status == "ok" else f"node {_rank(cause)}: {cause.detail}"
     return conclude(
         contract,
         cause.candidate,
@@ -112,7 +112,7 @@ def _cause(parts: list):
 
 def _first_failure(parts: list):
     cause = _cause(parts)
-    if len(parts) > 1 and cause is not parts[0]:
+    if len(parts) > 1 and cause.status != "ok":
         cause = dataclasses.replace(cause, detail=f"node {_rank(cause)}: {cause.detail}")
     return cause
 

@@ -151,6 +151,7 @@ def test_a_failure_on_any_node_is_the_jobs_and_a_node_stopped_for_it_is_never_th
     oom = _part(0, 0, 20.0, "oom", "needs more than the limit")
     merged = merge_nodes(contract, [oom, died], sample_all=False)
     assert merged.status == "oom" and merged.peak_mem_mb is None
+    assert merged.detail.startswith("node 0: needs more than the limit")
 
 
 def test_what_any_node_saw_changed_or_left_behind_is_in_the_merged_integrity(tmp_path):
