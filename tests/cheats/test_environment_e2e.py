@@ -30,16 +30,16 @@ pytestmark = pytest.mark.serial
 PLANTED = ("tinygpt_startup.pth", "_tinygpt_startup.py")
 
 
+def _one_run(contract, cheat: str):
+    """The cheat's candidate run alone (no A/B), every layer judged: (outcome, checks by id)."""
+    outcome = infrarsi.verify(contract, patches=[str(HERE / "environment" / cheat)], pairs=0, keep_going=True)
+    return outcome, {c.id: c for c in outcome.checks}
+
+
 def test_a_startup_hook_left_in_site_packages_fails_integrity_and_is_removed(tinygpt_workspace):
     site_packages = Path(sysconfig.get_paths()["purelib"])
     try:
-        outcome = infrarsi.verify(
-            tinygpt_workspace,
-            patches=[str(HERE / "environment" / "startup-hook-slows-the-baseline.diff")],
-            pairs=0,
-            keep_going=True,
-        )
-        by_id = {c.id: c for c in outcome.checks}
+        outcome, by_id = _one_run(tinygpt_workspace, "startup-hook-slows-the-baseline.diff")
         framework = by_id["integrity.framework"]
         assert not outcome.accepted
         assert framework.status == "fail" and "tinygpt_startup.pth (added, removed again)" in framework.detail, (
@@ -59,13 +59,7 @@ def test_a_forged_bytecode_cache_of_the_probe_fails_integrity_and_is_removed(tin
     changes. On two Slurm nodes it earned a 1.38x receipt before bytecode caches were checked
     against their source."""
     cache = Path(importlib.util.cache_from_source(infrarsi.probe.__file__))
-    outcome = infrarsi.verify(
-        tinygpt_workspace,
-        patches=[str(HERE / "environment" / "forged-probe-bytecode-slows-the-baseline.diff")],
-        pairs=0,
-        keep_going=True,
-    )
-    by_id = {c.id: c for c in outcome.checks}
+    outcome, by_id = _one_run(tinygpt_workspace, "forged-probe-bytecode-slows-the-baseline.diff")
     framework = by_id["integrity.framework"]
     assert not outcome.accepted
     assert framework.status == "fail" and "probe." in framework.detail and "removed again" in framework.detail, (
